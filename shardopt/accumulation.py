@@ -1,3 +1,91 @@
-"""(placeholder: being written)."""
+"""Accumulating past updates: momentum traces and exponential moving averages."""
 
-__all__ = []
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from shardopt import base
+from shardopt import numerics
+from shardopt import tree
+
+__all__ = ["EmaState", "TraceState", "ema", "trace"]
+
+
+def canonical_dtype(dtype) -> Any:
+  """The canonical jax dtype of ``dtype`` (None stays None)."""
+  return None if dtype is None else jax.dtypes.canonicalize_dtype(dtype)
+
+
+class TraceState(NamedTuple):
+  """The decayed sum of past updates."""
+
+  trace: base.Params
+
+
+def trace(
+    decay: jax.typing.ArrayLike,
+    nesterov: bool = False,
+    accumulator_dtype: Any | None = None,
+) -> base.GradientTransformation:
+  """Momentum: ``trace = g + decay * trace``; the update is the new trace.
+
+  With ``nesterov`` the update is ``g + decay * trace`` of the new trace
+  (Sutskever et al., 2013). ``accumulator_dtype`` sets the trace's storage
+  dtype (default: the params').
+  """
+  accumulator_dtype = canonical_dtype(accumulator_dtype)
+
+  def accumulate(g, t):
+    return None if g is None else g + decay * t
+
+  def init_fn(params):
+    return TraceState(tree.tree_zeros_like(params, dtype=accumulator_dtype))
+
+  def update_fn(updates, state, params=None):
+    del params
+    new_trace = jax.tree.map(
+        accumulate, updates, state.trace, is_leaf=lambda g: g is None
+    )
+    if nesterov:
+      updates = jax.tree.map(accumulate, updates, new_trace)
+    else:
+      updates = new_trace
+    return updates, TraceState(tree.tree_cast(new_trace, accumulator_dtype))
+
+  return base.GradientTransformation(init_fn, update_fn)
+
+
+class EmaState(NamedTuple):
+  """The step count and the moving average of past updates."""
+
+  count: jax.Array  # int32 scalar
+  ema: base.Params
+
+
+def ema(
+    decay: jax.typing.ArrayLike,
+    debias: bool = True,
+    accumulator_dtype: Any | None = None,
+) -> base.GradientTransformation:
+  """Exponential moving average: ``ema = (1 - decay) * g + decay * ema``.
+
+  With ``debias`` the update is divided by ``1 - decay**count`` (as in Adam,
+  Kingma & Ba, 2015) so early steps are not biased towards zero.
+  """
+  accumulator_dtype = canonical_dtype(accumulator_dtype)
+
+  def init_fn(params):
+    return EmaState(
+        count=jnp.zeros([], jnp.int32),
+        ema=tree.tree_zeros_like(params, dtype=accumulator_dtype),
+    )
+
+  def update_fn(updates, state, params=None):
+    del params
+    new_ema = tree.update_moment(updates, state.ema, decay, 1)
+    count = numerics.safe_increment(state.count)
+    updates = tree.bias_correction(new_ema, decay, count) if debias else new_ema
+    return updates, EmaState(count, tree.tree_cast(new_ema, accumulator_dtype))
+
+  return base.GradientTransformation(init_fn, update_fn)
