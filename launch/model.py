@@ -1,0 +1,99 @@
+"""A small decoder-only transformer language model (Flax linen).
+
+Parameter paths follow the names the partition-rule presets expect::
+
+  embed/embedding                    (vocab, d_model)
+  layers_N/attn/{query,key,value}/kernel  (d_model, heads, head_dim)
+  layers_N/attn/out/kernel           (heads, head_dim, d_model)
+  layers_N/mlp/wi/kernel             (d_model, mlp)
+  layers_N/mlp/wo/kernel             (mlp, d_model)
+  layers_N/ln_{1,2}/scale, ln_f/scale, lm_head/kernel (d_model, vocab)
+
+There are no biases and no position parameters (positions are sinusoidal), so
+every parameter is covered by the presets.
+"""
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+__all__ = ["ModelConfig", "Transformer", "next_token_loss"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  vocab: int = 256
+  d_model: int = 64
+  heads: int = 4
+  head_dim: int = 16
+  mlp: int = 256
+  layers: int = 2
+
+
+def _sinusoids(length: int, width: int) -> jax.Array:
+  pos = jnp.arange(length, dtype=jnp.float32)[:, None]
+  freq = jnp.exp(-jnp.log(10_000.0) * jnp.arange(0, width, 2) / width)
+  angles = pos * freq[None, :]
+  return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
+
+
+class Attention(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.cfg
+    proj = lambda name: nn.DenseGeneral(
+        (cfg.heads, cfg.head_dim), use_bias=False, name=name)(x)
+    q, k, v = proj("query"), proj("key"), proj("value")
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(cfg.head_dim)
+    length = x.shape[1]
+    causal = jnp.tril(jnp.ones((length, length), bool))
+    logits = jnp.where(causal, logits, jnp.finfo(logits.dtype).min)
+    mixed = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(logits), v)
+    return nn.DenseGeneral(
+        cfg.d_model, axis=(-2, -1), use_bias=False, name="out")(mixed)
+
+
+class Mlp(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x):
+    h = nn.gelu(nn.Dense(self.cfg.mlp, use_bias=False, name="wi")(x))
+    return nn.Dense(self.cfg.d_model, use_bias=False, name="wo")(h)
+
+
+class Block(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x):
+    x = x + Attention(self.cfg, name="attn")(nn.RMSNorm(name="ln_1")(x))
+    return x + Mlp(self.cfg, name="mlp")(nn.RMSNorm(name="ln_2")(x))
+
+
+class Transformer(nn.Module):
+  """Token ids (batch, length) -> next-token logits (batch, length, vocab)."""
+
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, tokens):
+    cfg = self.cfg
+    x = nn.Embed(cfg.vocab, cfg.d_model, name="embed")(tokens)
+    x = x + _sinusoids(tokens.shape[1], cfg.d_model)[None]
+    for i in range(cfg.layers):
+      x = Block(cfg, name=f"layers_{i}")(x)
+    x = nn.RMSNorm(name="ln_f")(x)
+    return nn.Dense(cfg.vocab, use_bias=False, name="lm_head")(x)
+
+
+def next_token_loss(model: Transformer, params, tokens: jax.Array) -> jax.Array:
+  """Mean cross-entropy of predicting tokens[:, 1:] from tokens[:, :-1]."""
+  logits = model.apply({"params": params}, tokens[:, :-1])
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32))
+  target = jax.nn.one_hot(tokens[:, 1:], model.cfg.vocab)
+  return -jnp.mean(jnp.sum(logp * target, axis=-1))

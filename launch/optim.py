@@ -1,0 +1,66 @@
+"""Optimizers and learning-rate schedules by name, from the command line.
+
+``build_optimizer(args)`` looks the name up among shardopt's aliases (any of
+them: adam, adamw, adafactor, sgd, lion, ...), passes the hyperparameters the
+user gave (and only those, so the alias's own defaults apply otherwise), and
+wraps it with global-norm clipping when asked.
+"""
+
+import argparse
+import inspect
+
+import shardopt
+
+__all__ = ["HYPERPARAMETER_FLAGS", "build_optimizer", "build_schedule"]
+
+HYPERPARAMETER_FLAGS = ("b1", "b2", "eps", "weight_decay", "momentum")
+
+
+def build_schedule(args: argparse.Namespace) -> shardopt.Schedule:
+  """The learning rate per step, from --schedule, --lr, --steps, --warmup-steps."""
+  peak, steps, end = args.lr, args.steps, args.lr * args.final_lr_ratio
+  if args.schedule == "constant":
+    return shardopt.constant_schedule(peak)
+  if args.schedule == "cosine":
+    return shardopt.cosine_decay_schedule(peak, steps, alpha=args.final_lr_ratio)
+  if args.schedule == "linear":
+    return shardopt.linear_schedule(peak, end, steps)
+  if args.schedule == "warmup_cosine":
+    return shardopt.warmup_cosine_decay_schedule(
+        0.0, peak, min(args.warmup_steps, steps - 1), steps, end_value=end)
+  raise ValueError(f"--schedule {args.schedule!r}: expected constant, cosine,"
+                   " warmup_cosine or linear.")
+
+
+def _alias(name: str):
+  factory = getattr(shardopt, name, None)
+  if factory is None or not callable(factory) or "learning_rate" not in _params(factory):
+    raise ValueError(f"--optimizer {name!r} is not a shardopt optimizer alias (a"
+                     " function taking learning_rate, e.g. adamw, adafactor, sgd).")
+  return factory
+
+
+def _params(fn) -> dict:
+  return dict(inspect.signature(fn).parameters)
+
+
+def optimizer_kwargs(args: argparse.Namespace, factory) -> dict:
+  """The keyword arguments the user set, checked against the alias's signature."""
+  given = {k: getattr(args, k) for k in HYPERPARAMETER_FLAGS if getattr(args, k) is not None}
+  given.update(dict(args.opt))
+  accepted = _params(factory)
+  unknown = sorted(set(given) - set(accepted))
+  if unknown:
+    raise ValueError(
+        f"--optimizer {args.optimizer}: does not take {', '.join(unknown)}; it takes "
+        + ", ".join(k for k in accepted if k != "learning_rate") + ".")
+  return given
+
+
+def build_optimizer(args: argparse.Namespace) -> shardopt.GradientTransformation:
+  """The optimizer from --optimizer, its hyperparameters, --schedule and --clip-norm."""
+  factory = _alias(args.optimizer)
+  tx = factory(learning_rate=build_schedule(args), **optimizer_kwargs(args, factory))
+  if args.clip_norm > 0:
+    tx = shardopt.chain(shardopt.clip_by_global_norm(args.clip_norm), tx)
+  return tx

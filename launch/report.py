@@ -1,0 +1,69 @@
+"""What the job tells its user: progress lines, metrics (JSON lines), a loss-curve PNG."""
+
+import json
+import pathlib
+import sys
+import time
+
+__all__ = ["Progress", "append_metrics", "plot_losses", "read_metrics"]
+
+
+def append_metrics(path: pathlib.Path, record: dict) -> None:
+  """Appends one JSON object as a line (a resumed run extends the same file)."""
+  with open(path, "a") as f:
+    f.write(json.dumps(record) + "\n")
+
+
+def read_metrics(path: pathlib.Path) -> list[dict]:
+  """Every record written so far; for a step logged twice (a run resumed from
+  an earlier checkpoint) the later record wins."""
+  by_step = {}
+  for line in pathlib.Path(path).read_text().splitlines():
+    record = json.loads(line)
+    by_step[record["step"]] = record
+  return [by_step[step] for step in sorted(by_step)]
+
+
+def plot_losses(metrics_path: pathlib.Path, png_path: pathlib.Path) -> None:
+  """Writes the loss curve of every step in ``metrics_path`` to ``png_path``."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  records = read_metrics(metrics_path)
+  fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+  ax.plot([r["step"] for r in records], [r["loss"] for r in records])
+  ax.set_xlabel("step")
+  ax.set_ylabel("loss (nats / byte)")
+  ax.set_title("training loss")
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(png_path)
+  plt.close(fig)
+
+
+class Progress:
+  """One line per ``every`` steps: step, loss, learning rate, tokens/s."""
+
+  def __init__(self, total_steps: int, tokens_per_step: int, every: int,
+               stream=sys.stdout):
+    self.total, self.tokens, self.every, self.stream = (
+        total_steps, tokens_per_step, every, stream)
+    self._t0, self._s0 = time.perf_counter(), None
+
+  def tokens_per_s(self, step: int) -> float:
+    """Throughput since the first reported step (compile time excluded)."""
+    if self._s0 is None:
+      self._s0, self._t0 = step, time.perf_counter()
+      return 0.0
+    elapsed = time.perf_counter() - self._t0
+    return (step - self._s0) * self.tokens / max(elapsed, 1e-9)
+
+  def show(self, step: int, loss: float, lr: float, tokens_per_s: float) -> None:
+    if step % self.every and step != self.total:
+      return
+    width = 24
+    done = int(width * step / self.total)
+    bar = "#" * done + "." * (width - done)
+    print(f"[{bar}] step {step:>5}/{self.total}  loss {loss:7.4f}  lr {lr:.2e}"
+          f"  {tokens_per_s:9.0f} tok/s", file=self.stream, flush=True)
