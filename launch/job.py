@@ -1,0 +1,172 @@
+"""The training job behind ``python -m launch.train`` (imports jax: the caller
+sets XLA_FLAGS first).
+
+One run: join the other processes (if any), build the mesh, shard the model's
+params by a partition-rule preset and the optimizer state by shardopt's derived
+shardings (ZeRO over the data axis on request), restore the latest checkpoint
+on --resume, then train with deterministic batches, checkpointing every
+--checkpoint-every steps. SIGTERM/SIGINT stop it cleanly: every process agrees
+on the step to stop at, the checkpoint in flight is finished, the current
+state is saved and the job exits 0.
+"""
+
+import argparse
+import pathlib
+import signal
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import checkpoints
+import partitioning
+import shardopt
+from launch import data, report
+from launch.model import ModelConfig, Transformer, next_token_loss
+from launch.optim import build_optimizer, build_schedule
+
+__all__ = ["init_distributed", "run"]
+
+
+def init_distributed(args: argparse.Namespace) -> None:
+  """Joins the multi-process job described by the arguments, if any."""
+  if args.coordinator:
+    jax.distributed.initialize(
+        coordinator_address=args.coordinator, num_processes=args.num_processes,
+        process_id=args.process_id, initialization_timeout=args.init_timeout,
+        heartbeat_timeout_seconds=args.heartbeat_timeout)
+  elif args.auto_distributed:
+    jax.distributed.initialize(initialization_timeout=args.init_timeout,
+                               heartbeat_timeout_seconds=args.heartbeat_timeout)
+
+
+class StopRequest:
+  """Remembers SIGTERM/SIGINT; ``agreed()`` is True on every process once any got one."""
+
+  def __init__(self):
+    self.signum = None
+    self._previous = {s: signal.signal(s, self._handle)
+                      for s in (signal.SIGTERM, signal.SIGINT)}
+
+  def _handle(self, signum, frame):
+    self.signum = signum
+    for s, handler in self._previous.items():  # A second signal acts at once.
+      signal.signal(s, handler)
+
+  def agreed(self) -> bool:
+    mine = np.array(self.signum is not None)
+    if jax.process_count() == 1:
+      return bool(mine)
+    return bool(np.any(multihost_utils.process_allgather(mine)))
+
+  def restore(self):
+    for s, handler in self._previous.items():
+      signal.signal(s, handler)
+
+
+def _say(*lines) -> None:
+  if jax.process_index() == 0:
+    print(*lines, sep="\n", flush=True)
+
+
+def _model(args) -> Transformer:
+  return Transformer(ModelConfig(layers=args.layers, d_model=args.d_model,
+                                 heads=args.heads, head_dim=args.head_dim, mlp=args.mlp))
+
+
+def _layout(args, mesh, model, tx):
+  """Abstract params, their shardings, and the optimizer state's shardings."""
+  tokens = jax.ShapeDtypeStruct((1, args.seq_len - 1), jnp.int32)
+  shapes = jax.eval_shape(model.init, jax.random.key(0), tokens)["params"]
+  rules = partitioning.get_preset(args.rules)
+  specs = partitioning.match_partition_rules(rules, shapes)
+  partitioning.validate_specs(shapes, specs, mesh)
+  param_shardings = partitioning.named_shardings(mesh, specs)
+  abstract = partitioning.abstract_params(shapes, param_shardings)
+  state_shardings = shardopt.state_shardings(
+      tx, abstract, shard_state_over="data" if args.zero else None)
+  return rules, specs, abstract, param_shardings, state_shardings
+
+
+def _describe(args, mesh, rules, specs, abstract, tx, state_shardings) -> None:
+  state = jax.eval_shape(tx.init, abstract)
+  state = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                       state, state_shardings)
+  plan = partitioning.memory_plan(abstract, state, num_devices=mesh.size)
+  _say(f"processes: {jax.process_count()}  devices: {jax.device_count()}"
+       f" ({jax.local_device_count()} local, {jax.devices()[0].platform})",
+       f"mesh: {dict(mesh.shape)}",
+       f"optimizer: {args.optimizer}  schedule: {args.schedule}  ZeRO: {args.zero}",
+       "", f"partition rules ({args.rules}):", partitioning.rule_table(rules, abstract, specs),
+       "", "per-device memory plan:", plan.table(), "")
+
+
+def _train_step(model, tx):
+  def step(params, opt_state, tokens):
+    loss, grads = jax.value_and_grad(lambda p: next_token_loss(model, p, tokens))(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return shardopt.apply_updates(params, updates), opt_state, loss
+  return step
+
+
+def _initial_state(args, model, tx, param_shardings, state_shardings, manager):
+  """(params, opt_state, first step): fresh from --seed, or the latest checkpoint."""
+  init = lambda key: model.init(key, jnp.zeros((1, args.seq_len - 1), jnp.int32))["params"]
+  params = jax.jit(init, out_shardings=param_shardings)(jax.random.key(args.seed))
+  opt_state = jax.jit(tx.init, out_shardings=state_shardings)(params)
+  latest = manager.latest_step() if args.resume else None
+  if latest is None:
+    return params, opt_state, 0
+  restored = manager.restore(latest, {"params": params, "opt_state": opt_state})
+  _say(f"resumed from step {latest} ({args.checkpoint_dir})")
+  return restored["params"], restored["opt_state"], latest
+
+
+def run(args: argparse.Namespace) -> int:
+  init_distributed(args)
+  out = pathlib.Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  mesh = partitioning.make_mesh(args.mesh)
+  model, tx = _model(args), build_optimizer(args)
+  rules, specs, abstract, param_shardings, state_shardings = _layout(args, mesh, model, tx)
+  _describe(args, mesh, rules, specs, abstract, tx, state_shardings)
+  manager = checkpoints.CheckpointManager(pathlib.Path(args.checkpoint_dir).absolute())
+  params, opt_state, start = _initial_state(
+      args, model, tx, param_shardings, state_shardings, manager)
+  step_fn = jax.jit(_train_step(model, tx), donate_argnums=(0, 1),
+                    out_shardings=(param_shardings, state_shardings, NamedSharding(mesh, P())))
+  corpus, schedule = data.load_corpus(), build_schedule(args)
+  metrics_path = out / "metrics.jsonl"
+  progress = report.Progress(args.steps, args.batch * (args.seq_len - 1), args.log_every)
+  stop, step, saved = StopRequest(), start, start
+  try:
+    while step < args.steps and not stop.agreed():
+      tokens = data.sharded_batch(corpus, args.seed, step, args.batch, args.seq_len, mesh)
+      params, opt_state, loss = step_fn(params, opt_state, tokens)
+      loss, lr, step = float(loss), float(schedule(step)), step + 1
+      speed = progress.tokens_per_s(step)
+      if jax.process_index() == 0:
+        report.append_metrics(metrics_path, {"step": step, "loss": loss, "lr": lr,
+                                             "tokens_per_s": speed, "time": time.time()})
+      progress.show(step, loss, lr, speed)
+      if args.checkpoint_every and step % args.checkpoint_every == 0:
+        manager.save(step, {"params": params, "opt_state": opt_state})
+        saved = step
+    if saved != step:
+      manager.save(step, {"params": params, "opt_state": opt_state})
+    manager.wait_until_finished()
+  finally:
+    stop.restore()
+    manager.close()
+  if jax.process_index() == 0 and metrics_path.exists():
+    report.plot_losses(metrics_path, out / "loss.png")
+  if stop.signum is not None:
+    _say(f"stopped by signal {stop.signum} after step {step}; checkpoint saved:"
+         " run again with --resume to continue")
+  else:
+    _say(f"done: {step} steps; metrics {metrics_path}, curve {out / 'loss.png'},"
+         f" checkpoints {args.checkpoint_dir}")
+  return 0
