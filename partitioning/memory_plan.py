@@ -1,0 +1,128 @@
+"""Per-device memory of sharded params and optimizer state, from shapes alone.
+
+Leaves are arrays or ``jax.ShapeDtypeStruct``s carrying a ``.sharding``; a
+NamedSharding may live on an AbstractMesh, so a plan for 256 devices needs no
+devices. A leaf's bytes on a device are its largest shard's: each dimension
+split ``ceil(size / ways)`` over the product of its mesh axes. Summing these is
+exact for NamedShardings: the mesh's first device holds the largest shard of
+every leaf. Leaves without a sharding count as replicated on every device.
+"""
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+
+from partitioning.specs import PartitionError, entry_axes, leaves_with_paths
+from partitioning.table import format_table
+
+__all__ = ["MemoryPlan", "TreeMemory", "format_bytes", "leaf_device_bytes", "memory_plan"]
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def format_bytes(n: float) -> str:
+  """Binary units: ``format_bytes(3 * 2**20) == '3.00 MiB'``."""
+  for unit in _UNITS:
+    if abs(n) < 1024 or unit == _UNITS[-1]:
+      return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+    n /= 1024
+
+
+def _shard_shape(path: str, shape: tuple[int, ...], sharding: Any) -> tuple[int, ...]:
+  if sharding is None:
+    return shape
+  if not isinstance(sharding, NamedSharding):
+    return tuple(sharding.shard_shape(shape))
+  mesh_shape = dict(sharding.mesh.shape)
+  if len(sharding.spec) > len(shape):
+    raise PartitionError(f"{path} {shape}: spec {sharding.spec} is longer than the rank.")
+  out = list(shape)
+  for dim, entry in enumerate(sharding.spec):
+    unknown = [a for a in entry_axes(entry) if a not in mesh_shape]
+    if unknown:
+      raise PartitionError(f"{path}: spec {sharding.spec} names axes {unknown} not in the mesh {mesh_shape}.")
+    out[dim] = -(-shape[dim] // math.prod(mesh_shape[a] for a in entry_axes(entry)))
+  return tuple(out)
+
+
+def leaf_device_bytes(leaf: Any, path: str = "") -> int:
+  """Bytes of the largest shard of one leaf."""
+  shape = tuple(np.shape(leaf))
+  sharding = getattr(leaf, "sharding", None)
+  return math.prod(_shard_shape(path, shape, sharding)) * np.dtype(leaf.dtype).itemsize
+
+
+def _device_count(sharding: Any) -> int | None:
+  if sharding is None:
+    return None
+  if isinstance(sharding, NamedSharding):
+    return sharding.mesh.size
+  return len(sharding.device_set)
+
+
+class TreeMemory(NamedTuple):
+  """Bytes of one tree: unsharded, on the most loaded device, and ideal (total / N)."""
+
+  total_bytes: int
+  per_device_bytes: int
+  ideal_bytes: float
+
+  @property
+  def ratio(self) -> float:
+    """per-device / ideal: 1.0 is perfectly sharded, N is fully replicated."""
+    return self.per_device_bytes / self.ideal_bytes if self.ideal_bytes else 1.0
+
+
+def _tree_memory(tree: Any, num_devices: int) -> TreeMemory:
+  leaves = leaves_with_paths(tree)
+  total = sum(math.prod(np.shape(x)) * np.dtype(x.dtype).itemsize for _, x in leaves)
+  per_device = sum(leaf_device_bytes(x, path) for path, x in leaves)
+  return TreeMemory(total, per_device, total / num_devices)
+
+
+class MemoryPlan(NamedTuple):
+  """Memory of params and (optionally) optimizer state on ``num_devices`` devices."""
+
+  num_devices: int
+  params: TreeMemory
+  state: TreeMemory | None
+
+  @property
+  def per_device_bytes(self) -> int:
+    return self.params.per_device_bytes + (self.state.per_device_bytes if self.state else 0)
+
+  def table(self) -> str:
+    """A printable table: total, per device, ideal and their ratio per tree."""
+    rows = [("params", self.params)]
+    if self.state is not None:
+      both = TreeMemory(*(a + b for a, b in zip(self.params, self.state)))
+      rows += [("opt state", self.state), ("params+state", both)]
+    header = ("", "total", "per device", "ideal (total/N)", "per-device/ideal")
+    body = [
+        (name, format_bytes(m.total_bytes), format_bytes(m.per_device_bytes),
+         format_bytes(m.ideal_bytes), f"{m.ratio:.3f}")
+        for name, m in rows
+    ]
+    return f"Memory plan on {self.num_devices} devices\n" + format_table(header, body, right_from=1)
+
+
+def memory_plan(params: Any, state: Any = None, *, num_devices: int | None = None) -> MemoryPlan:
+  """Plans per-device bytes of ``params`` and optimizer ``state`` from their shardings.
+
+  ``num_devices`` defaults to the largest device count among the leaves'
+  shardings (a NamedSharding's mesh size); pass it when no leaf has one.
+  """
+  if num_devices is None:
+    counts = [
+        _device_count(getattr(x, "sharding", None))
+        for x in jax.tree.leaves((params, state))
+    ]
+    counts = [c for c in counts if c is not None]
+    if not counts:
+      raise PartitionError("No leaf carries a sharding: pass num_devices=... to memory_plan.")
+    num_devices = max(counts)
+  state_memory = None if state is None else _tree_memory(state, num_devices)
+  return MemoryPlan(num_devices, _tree_memory(params, num_devices), state_memory)

@@ -1,0 +1,104 @@
+"""Named partition-rule sets for a decoder-only transformer, and its param shapes.
+
+Param paths (Flax linen names; a leading 'params/' or any prefix is fine):
+
+  embed/embedding                     (vocab, d_model)
+  layers_N/attn/{query,key,value}/kernel (d_model, heads, head_dim)
+  layers_N/attn/out/kernel            (heads, head_dim, d_model)
+  layers_N/mlp/wi/kernel              (d_model, mlp)   (wi_0, wi_1 when gated)
+  layers_N/mlp/wo/kernel              (mlp, d_model)
+  layers_N/ln_{1,2}/scale, ln_f/scale (d_model,)
+  lm_head/kernel                      (d_model, vocab)
+
+Presets:
+  'replicated': every param on every device.
+  'fsdp': the d_model dimension of every matrix sharded over the fsdp axis
+    (ZeRO-3 style: gathered before use).
+  'tp': Megatron-style tensor parallelism over the model axis: heads of
+    attention, the mlp dimension, and the vocab of embedding and lm_head.
+  'fsdp_tp': both at once, so matrices are split over fsdp x model devices.
+Norm scales and biases stay replicated (they are tiny).
+"""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+from partitioning.specs import PartitionError
+
+__all__ = ["DECODER_PRESETS", "decoder_param_shapes", "decoder_rules"]
+
+DECODER_PRESETS = ("replicated", "fsdp", "tp", "fsdp_tp")
+
+# (pattern, rank, dimension of d_model, dimension split by tensor parallelism)
+_DECODER_LAYOUT = (
+    (r"embed/embedding$", 2, 1, 0),
+    (r"attn/(query|key|value)/kernel$", 3, 0, 1),
+    (r"attn/out/kernel$", 3, 2, 0),
+    (r"mlp/wi(_\d+)?/kernel$", 2, 0, 1),
+    (r"mlp/wo/kernel$", 2, 1, 0),
+    (r"lm_head/kernel$", 2, 0, 1),
+)
+_REPLICATED = ((r"(ln_\w+|norm\w*)/scale$", PartitionSpec()), (r"bias$", PartitionSpec()))
+
+
+def decoder_rules(
+    preset: str = "fsdp_tp",
+    *,
+    fsdp_axis: str | tuple[str, ...] = "fsdp",
+    model_axis: str | tuple[str, ...] = "model",
+) -> list[tuple[str, PartitionSpec]]:
+  """The rules of one preset (see the module docstring) for the named mesh axes."""
+  if preset not in DECODER_PRESETS:
+    raise PartitionError(f"Unknown preset {preset!r}: choose one of {DECODER_PRESETS}.")
+  if preset == "replicated":
+    return [(".*", PartitionSpec())]
+  rules = []
+  for pattern, rank, embed_dim, tp_dim in _DECODER_LAYOUT:
+    entries = [None] * rank
+    if preset in ("fsdp", "fsdp_tp"):
+      entries[embed_dim] = fsdp_axis
+    if preset in ("tp", "fsdp_tp"):
+      entries[tp_dim] = model_axis
+    rules.append((pattern, PartitionSpec(*entries)))
+  return rules + list(_REPLICATED)
+
+
+def decoder_param_shapes(
+    vocab: int,
+    d_model: int,
+    layers: int,
+    mlp: int,
+    heads: int,
+    *,
+    head_dim: int | None = None,
+    gated_mlp: bool = False,
+    dtype: Any = jnp.float32,
+) -> dict:
+  """The param tree (of ShapeDtypeStruct) of an untied decoder-only transformer.
+
+  ``gated_mlp`` gives two input projections wi_0, wi_1 (LLaMA-style), so
+  ``decoder_param_shapes(32000, 4096, 32, 11008, 32, gated_mlp=True)`` has the
+  6.74e9 params of LLaMA-7B.
+  """
+  head_dim = head_dim or d_model // heads
+  sds = lambda *shape: jax.ShapeDtypeStruct(shape, dtype)
+  kernel = lambda *shape: {"kernel": sds(*shape)}
+  wi = {"wi_0": kernel(d_model, mlp), "wi_1": kernel(d_model, mlp)} if gated_mlp else {"wi": kernel(d_model, mlp)}
+  layer = lambda: {
+      "attn": {
+          **{n: kernel(d_model, heads, head_dim) for n in ("query", "key", "value")},
+          "out": kernel(heads, head_dim, d_model),
+      },
+      "mlp": {**wi, "wo": kernel(mlp, d_model)},
+      "ln_1": {"scale": sds(d_model)},
+      "ln_2": {"scale": sds(d_model)},
+  }
+  return {
+      "embed": {"embedding": sds(vocab, d_model)},
+      **{f"layers_{i}": layer() for i in range(layers)},
+      "ln_f": {"scale": sds(d_model)},
+      "lm_head": kernel(d_model, vocab),
+  }

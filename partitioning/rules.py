@@ -1,0 +1,106 @@
+"""Partition rules: ordered (regex, spec) pairs over '/'-joined parameter paths.
+
+For each parameter the first rule whose pattern is found in its path
+(``re.search``; anchor with ``^``/``$`` to match whole names) gives its
+PartitionSpec. Rank-0 leaves (scalars) need no rule: they are always
+replicated, ``P()``. A parameter that no rule matches is an error naming it,
+so a new parameter is never silently replicated; end the rules with
+``('.*', P())`` to replicate everything else on purpose.
+"""
+
+import re
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import PartitionSpec
+
+from partitioning.specs import PartitionError, as_spec, leaves_with_paths, zip_specs
+from partitioning.table import format_table
+
+__all__ = ["Rules", "match_partition_rules", "matching_rule", "rule_table"]
+
+Rules = Sequence[tuple[str, PartitionSpec | tuple | None]]
+
+_SCALAR = -1  # Stands for "no rule needed" in matching_rule's answer.
+
+
+def _compiled(rules: Rules) -> list[tuple[re.Pattern, PartitionSpec]]:
+  out = []
+  for i, rule in enumerate(rules):
+    if not (isinstance(rule, (tuple, list)) and len(rule) == 2):
+      raise PartitionError(f"Rule {i} is {rule!r}: each rule is a (regex, spec) pair.")
+    pattern, spec = rule
+    try:
+      out.append((re.compile(pattern), as_spec(spec)))
+    except re.error as e:
+      raise PartitionError(f"Rule {i}: pattern {pattern!r} is not a valid regex: {e}.") from None
+  return out
+
+
+def _first_match(compiled, path: str, shape: Sequence[int]) -> int | None:
+  if len(shape) == 0:
+    return _SCALAR
+  for i, (pattern, _) in enumerate(compiled):
+    if pattern.search(path):
+      return i
+  return None
+
+
+def matching_rule(rules: Rules, path: str, shape: Sequence[int]) -> int | None:
+  """Index of the rule that partitions ``path``; -1 for a scalar; None if none."""
+  return _first_match(_compiled(rules), path, shape)
+
+
+def _list_rules(rules: Rules) -> str:
+  return "\n".join(f"  {i}: {pattern!r} -> {as_spec(spec)}" for i, (pattern, spec) in enumerate(rules))
+
+
+def match_partition_rules(rules: Rules, params: Any) -> Any:
+  """A tree of PartitionSpec, one per leaf of ``params``, first match wins.
+
+  ``params`` holds arrays or ``jax.ShapeDtypeStruct``s (anything with a shape).
+  Raises PartitionError listing every unmatched path and the rules.
+  """
+  compiled = _compiled(rules)
+  leaves = leaves_with_paths(params)
+  specs, unmatched = [], []
+  for path, leaf in leaves:
+    index = _first_match(compiled, path, np.shape(leaf))
+    if index is None:
+      unmatched.append(path)
+      specs.append(None)
+    else:
+      specs.append(PartitionSpec() if index == _SCALAR else compiled[index][1])
+  if unmatched:
+    raise PartitionError(
+        "No partition rule matches these params (add a rule, or end the rules"
+        " with ('.*', P()) to replicate the rest):\n"
+        + "\n".join(f"  {p}" for p in unmatched)
+        + f"\nRules, in order (first match wins):\n{_list_rules(rules)}"
+    )
+  return jax.tree.unflatten(jax.tree.structure(params), specs)
+
+
+def rule_table(rules: Rules, params: Any, specs: Any = None) -> str:
+  """A printable table: param path, shape, dtype, matched rule, spec.
+
+  ``specs`` defaults to ``match_partition_rules(rules, params)``; pass your
+  own (edited) specs to show them next to the rule each param matches. Rules
+  that match no param are listed at the end: usually a typo in a pattern.
+  """
+  if specs is None:
+    specs = match_partition_rules(rules, params)
+  compiled, rows, used = _compiled(rules), [], set()
+  for path, leaf, spec in zip_specs(params, specs):
+    index = _first_match(compiled, path, np.shape(leaf))
+    used.add(index)
+    rule = {None: "(no rule)", _SCALAR: "(scalar)"}.get(index)
+    rule = rule or f"{index}: {rules[index][0]}"
+    dtype = str(getattr(leaf, "dtype", np.result_type(leaf)))
+    rows.append([path, str(tuple(np.shape(leaf))), dtype, rule, str(spec)])
+  table = format_table(["param", "shape", "dtype", "rule", "spec"], rows)
+  unused = [f"  {i}: {rules[i][0]!r}" for i in range(len(rules)) if i not in used]
+  if unused:
+    table += "\nRules that match no param:\n" + "\n".join(unused)
+  return table

@@ -1,0 +1,96 @@
+"""The error type of partitioning/ and small helpers on PartitionSpecs and paths.
+
+A PartitionSpec has one entry per array dimension: ``None`` (not sharded), a
+mesh axis name, or a tuple of mesh axis names (sharded over their product).
+Parameter paths are the '/'-joined keys of a pytree leaf, e.g.
+``'decoder/layers_0/mlp/wi/kernel'``.
+"""
+
+from typing import Any, Sequence
+
+import jax
+from jax.sharding import PartitionSpec
+
+__all__ = [
+    "PartitionError",
+    "as_spec",
+    "entry_axes",
+    "is_spec",
+    "leaves_with_paths",
+    "param_path",
+    "spec_axes",
+    "zip_specs",
+]
+
+
+class PartitionError(ValueError):
+  """A mesh, rule or spec that cannot partition the given params."""
+
+
+def is_spec(x: Any) -> bool:
+  return isinstance(x, PartitionSpec)
+
+
+def as_spec(x: PartitionSpec | Sequence | None) -> PartitionSpec:
+  """Turns ``None``, a tuple or a list of entries into a PartitionSpec."""
+  if x is None:
+    return PartitionSpec()
+  if isinstance(x, PartitionSpec):
+    return x
+  if isinstance(x, (tuple, list)):
+    return PartitionSpec(*x)
+  raise PartitionError(
+      f"Expected a PartitionSpec, a tuple of mesh axis names or None; got"
+      f" {x!r} of type {type(x).__name__}."
+  )
+
+
+def entry_axes(entry: Any) -> tuple[str, ...]:
+  """The mesh axes one spec entry shards a dimension over."""
+  if entry is None or entry is PartitionSpec.UNCONSTRAINED:
+    return ()
+  if isinstance(entry, (tuple, list)):
+    return tuple(entry)
+  return (entry,)
+
+
+def spec_axes(spec: PartitionSpec) -> tuple[str, ...]:
+  """All mesh axes a spec uses, in order, repeats kept."""
+  return tuple(axis for entry in spec for axis in entry_axes(entry))
+
+
+def _key_name(key: Any) -> str:
+  for attr in ("key", "name", "idx"):
+    if hasattr(key, attr):
+      return str(getattr(key, attr))
+  return str(key)
+
+
+def param_path(keypath: Sequence[Any]) -> str:
+  """'/'-joined names of a jax key path: ``('a', 0, 'kernel') -> 'a/0/kernel'``."""
+  return "/".join(_key_name(k) for k in keypath)
+
+
+def leaves_with_paths(tree: Any, is_leaf=None) -> list[tuple[str, Any]]:
+  """``(path, leaf)`` pairs of a pytree, in flattening order."""
+  flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)
+  return [(param_path(kp), leaf) for kp, leaf in flat]
+
+
+def zip_specs(params: Any, specs: Any) -> list[tuple[str, Any, Any]]:
+  """``(path, param, spec)`` triples; raises if the two trees do not match."""
+  param_leaves = leaves_with_paths(params)
+  spec_leaves = leaves_with_paths(specs, is_leaf=lambda x: x is None or is_spec(x))
+  param_paths = [p for p, _ in param_leaves]
+  spec_paths = [p for p, _ in spec_leaves]
+  if param_paths != spec_paths:
+    missing = sorted(set(param_paths) - set(spec_paths))
+    extra = sorted(set(spec_paths) - set(param_paths))
+    raise PartitionError(
+        "The specs tree does not match the params tree (build it with"
+        " match_partition_rules(rules, params)):"
+        + (f"\n  params without a spec: {missing}" if missing else "")
+        + (f"\n  specs without a param: {extra}" if extra else "")
+        + ("" if missing or extra else "\n  same paths, different order or nesting")
+    )
+  return [(p, x, s) for (p, x), (_, s) in zip(param_leaves, spec_leaves)]
