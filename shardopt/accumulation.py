@@ -17,6 +17,12 @@ def canonical_dtype(dtype) -> Any:
   return None if dtype is None else jax.dtypes.canonicalize_dtype(dtype)
 
 
+# ``1 - decay**count`` cancels badly for decay near 1, and XLA's compiled pow
+# differs by an ulp from the op-by-op one; always compiling the correction
+# makes eager and jitted runs give the same numbers (and optax's).
+compiled_bias_correction = jax.jit(tree.bias_correction, inline=True)
+
+
 class TraceState(NamedTuple):
   """The decayed sum of past updates."""
 
@@ -85,7 +91,7 @@ def ema(
     del params
     new_ema = tree.update_moment(updates, state.ema, decay, 1)
     count = numerics.safe_increment(state.count)
-    updates = tree.bias_correction(new_ema, decay, count) if debias else new_ema
+    updates = compiled_bias_correction(new_ema, decay, count) if debias else new_ema
     return updates, EmaState(count, tree.tree_cast(new_ema, accumulator_dtype))
 
   return base.GradientTransformation(init_fn, update_fn)
