@@ -97,7 +97,7 @@ def rule_table(rules: Rules, params: Any, specs: Any = None) -> str:
     used.add(index)
     rule = {None: "(no rule)", _SCALAR: "(scalar)"}.get(index)
     rule = rule or f"{index}: {rules[index][0]}"
-    dtype = str(getattr(leaf, "dtype", np.result_type(leaf)))
+    dtype = str(leaf.dtype if hasattr(leaf, "dtype") else np.result_type(leaf))
     rows.append([path, str(tuple(np.shape(leaf))), dtype, rule, str(spec)])
   table = format_table(["param", "shape", "dtype", "rule", "spec"], rows)
   unused = [f"  {i}: {rules[i][0]!r}" for i in range(len(rules)) if i not in used]

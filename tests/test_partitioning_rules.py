@@ -1,0 +1,134 @@
+"""Partition rules: first match wins, scalars, unmatched params, the rule table, presets."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from partitioning import (
+    DECODER_PRESETS,
+    PartitionError,
+    decoder_param_shapes,
+    decoder_rules,
+    match_partition_rules,
+    param_path,
+    rule_table,
+)
+
+PARAMS = {
+    "decoder": {
+        "layers_0": {
+            "mlp": {"wi": {"kernel": jnp.zeros((8, 16))}, "wo": {"kernel": jnp.zeros((16, 8))}},
+            "ln": {"scale": jnp.zeros((8,))},
+        },
+    },
+    "step": jnp.zeros([], jnp.int32),
+}
+
+
+def test_param_path_joins_keys_of_dicts_lists_and_attributes():
+  flat, _ = jax.tree_util.tree_flatten_with_path({"a": [{"k": 1}], "b": 2})
+  assert [param_path(kp) for kp, _ in flat] == ["a/0/k", "b"]
+
+
+def test_first_match_wins_and_scalars_need_no_rule():
+  rules = [
+      (r"mlp/wi/kernel$", P("data", "model")),
+      (r"mlp/.*/kernel$", ("model", None)),  # a tuple is a spec too
+      (r"kernel$", P()),  # never reached for the mlp kernels
+      (r".*", None),  # None replicates
+  ]
+  specs = match_partition_rules(rules, PARAMS)
+  layer = specs["decoder"]["layers_0"]
+  assert layer["mlp"]["wi"]["kernel"] == P("data", "model")
+  assert layer["mlp"]["wo"]["kernel"] == P("model", None)
+  assert layer["ln"]["scale"] == P()
+  assert specs["step"] == P()
+  assert jax.tree.structure(specs, is_leaf=lambda x: isinstance(x, P)) == jax.tree.structure(PARAMS)
+
+
+def test_rules_work_on_shape_dtype_structs():
+  params = {"w": jax.ShapeDtypeStruct((4, 2), jnp.bfloat16)}
+  assert match_partition_rules([("w", P("data"))], params) == {"w": P("data")}
+
+
+def test_unmatched_params_are_all_named_with_the_rules():
+  with pytest.raises(PartitionError) as e:
+    match_partition_rules([(r"wi/kernel$", P("data"))], PARAMS)
+  message = str(e.value)
+  assert "decoder/layers_0/mlp/wo/kernel" in message
+  assert "decoder/layers_0/ln/scale" in message
+  assert "step" not in message.split("Rules")[0]  # scalars need no rule
+  assert "0: 'wi/kernel$' -> P('data',)" in message
+
+
+def test_bad_rules_raise():
+  with pytest.raises(PartitionError, match=r"Rule 0: pattern '\(' is not a valid regex"):
+    match_partition_rules([("(", P())], PARAMS)
+  with pytest.raises(PartitionError, match="Rule 0 is 'kernel': each rule is a \\(regex, spec\\) pair"):
+    match_partition_rules(["kernel"], PARAMS)
+  with pytest.raises(PartitionError, match="Expected a PartitionSpec, a tuple of mesh axis names or None; got 'data'"):
+    match_partition_rules([("kernel", "data")], PARAMS)
+
+
+def test_rule_table_shows_path_shape_rule_spec_and_unused_rules():
+  rules = [(r"wi/kernel$", P("data", "model")), (r"attn/.*", P("model")), (r".*", P())]
+  lines = rule_table(rules, PARAMS).splitlines()
+  assert lines[0].split() == ["param", "shape", "dtype", "rule", "spec"]
+  row = next(line for line in lines if line.startswith("decoder/layers_0/mlp/wi/kernel"))
+  assert row.split() == ["decoder/layers_0/mlp/wi/kernel", "(8,", "16)", "float32", "0:", "wi/kernel$", "P('data',", "'model')"]
+  row = next(line for line in lines if line.startswith("step"))
+  assert row.split() == ["step", "()", "int32", "(scalar)", "P()"]
+  assert lines[-2:] == ["Rules that match no param:", "  1: 'attn/.*'"]
+
+
+def test_rule_table_with_given_specs_and_mismatched_tree():
+  specs = match_partition_rules([(".*", P())], PARAMS)
+  assert "(no rule)" in rule_table([(r"wi", P())], PARAMS, specs)
+  with pytest.raises(PartitionError, match=r"params without a spec: \['step'\]"):
+    rule_table([(".*", P())], PARAMS, {"decoder": specs["decoder"]})
+
+
+SMALL = decoder_param_shapes(vocab=64, d_model=16, layers=2, mlp=32, heads=4)
+
+
+@pytest.mark.parametrize(
+    "preset, embedding, query, out, wi, wo, lm_head",
+    [
+        ("replicated", P(), P(), P(), P(), P(), P()),
+        ("fsdp", P(None, "fsdp"), P("fsdp", None, None), P(None, None, "fsdp"), P("fsdp", None), P(None, "fsdp"),
+         P("fsdp", None)),
+        ("tp", P("model", None), P(None, "model", None), P("model", None, None), P(None, "model"), P("model", None),
+         P(None, "model")),
+        ("fsdp_tp", P("model", "fsdp"), P("fsdp", "model", None), P("model", None, "fsdp"), P("fsdp", "model"),
+         P("model", "fsdp"), P("fsdp", "model")),
+    ],
+)
+def test_decoder_presets(preset, embedding, query, out, wi, wo, lm_head):
+  specs = match_partition_rules(decoder_rules(preset), {"params": SMALL})["params"]
+  layer = specs["layers_1"]
+  assert specs["embed"]["embedding"] == embedding
+  assert layer["attn"]["query"]["kernel"] == layer["attn"]["value"]["kernel"] == query
+  assert layer["attn"]["out"]["kernel"] == out
+  assert (layer["mlp"]["wi"]["kernel"], layer["mlp"]["wo"]["kernel"]) == (wi, wo)
+  assert specs["lm_head"]["kernel"] == lm_head
+  assert layer["ln_2"]["scale"] == specs["ln_f"]["scale"] == P()
+
+
+def test_preset_axes_are_configurable_and_unknown_preset_raises():
+  rules = decoder_rules("fsdp", fsdp_axis=("data", "fsdp"))
+  assert match_partition_rules(rules, SMALL)["lm_head"]["kernel"] == P(("data", "fsdp"), None)
+  with pytest.raises(PartitionError, match=r"Unknown preset 'zero3': choose one of \('replicated'"):
+    decoder_rules("zero3")
+  assert tuple(DECODER_PRESETS) == ("replicated", "fsdp", "tp", "fsdp_tp")
+
+
+def test_decoder_param_shapes():
+  shapes = decoder_param_shapes(64, 16, 2, 32, 4, gated_mlp=True, dtype=jnp.bfloat16)
+  assert shapes["layers_1"]["attn"]["key"]["kernel"].shape == (16, 4, 4)
+  assert shapes["layers_0"]["attn"]["out"]["kernel"].shape == (4, 4, 16)
+  assert shapes["layers_0"]["mlp"]["wi_1"]["kernel"].shape == (16, 32)
+  assert shapes["embed"]["embedding"].shape == (64, 16) and shapes["lm_head"]["kernel"].shape == (16, 64)
+  assert shapes["ln_f"]["scale"].dtype == jnp.bfloat16
+  # 2 matrices of 64x16, and per layer 4 of 16x16, 3 of 16x32 and 2 scales of 16, plus ln_f.
+  assert sum(x.size for x in jax.tree.leaves(shapes)) == 2 * 1024 + 2 * (4 * 256 + 3 * 512 + 32) + 16
