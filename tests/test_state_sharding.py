@@ -1,0 +1,168 @@
+"""Derived optimizer-state shardings: specs traced from each transform's init."""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import partitioning
+import shardopt
+
+SHAPES = {"embedding": (64, 32), "dense": {"kernel": (32, 16), "bias": (16,)},
+          "scale": (32,)}
+SPECS = {"embedding": P("model", None),
+         "dense": {"kernel": P(None, "model"), "bias": P("model")},
+         "scale": P()}
+E, K, B, S = "['embedding']", "['dense']['kernel']", "['dense']['bias']", "['scale']"
+
+# Per param, the (shape, spec) of every state leaf derived from it.
+ADAM_LIKE = {E: [((64, 32), P("model", None))] * 2,
+             K: [((32, 16), P(None, "model"))] * 2,
+             B: [((16,), P("model"))] * 2, S: [((32,), P(None))] * 2}
+EXPECTED = {
+    "adam": ADAM_LIKE,
+    "lamb": ADAM_LIKE,
+    "sgd": {k: v[:1] for k, v in ADAM_LIKE.items()},
+    # Factored: v_row / v_col keep the mesh axis of the dimension they keep.
+    "adafactor": {
+        E: [((32,), P(None)), ((64,), P("model")), ((1,), P(None))],
+        K: [((16,), P("model")), ((32,), P(None)), ((1,), P(None))],
+        B: [((1,), P(None)), ((1,), P(None)), ((16,), P("model"))],
+        S: [((1,), P(None)), ((1,), P(None)), ((32,), P(None))]},
+    # One cover per dimension, plus the full-size momentum.
+    "sm3": {
+        E: [((64,), P("model")), ((32,), P(None)), ((64, 32), P("model", None))],
+        K: [((32,), P(None)), ((16,), P("model")), ((32, 16), P(None, "model"))],
+        B: [((16,), P("model"))] * 2, S: [((32,), P(None))] * 2},
+}
+
+
+def transforms():
+  return {
+      "adam": optax.adam(1e-2),
+      "lamb": optax.lamb(1e-2),
+      "sgd": optax.sgd(1e-2, momentum=0.9),
+      "adafactor": optax.adafactor(1e-2, min_dim_size_to_factor=8),
+      "sm3": optax.sm3(1e-2),
+  }
+
+
+def abstract_params():
+  return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, jnp.float32), SHAPES,
+                      is_leaf=lambda x: isinstance(x, tuple))
+
+
+MESHES = {
+    "auto": lambda: partitioning.make_mesh({"data": 2, "model": 4}),
+    "explicit": lambda: partitioning.make_mesh({"data": 2, "model": 4},
+                                               axis_types="explicit"),
+    "abstract": lambda: partitioning.make_abstract_mesh({"data": 2, "model": 4}),
+}
+
+
+def by_param(plan):
+  out = {}
+  for leaf in plan.leaves:
+    out.setdefault(leaf.param, []).append((leaf.shape, leaf.spec))
+  return {k: sorted(v, key=str) for k, v in out.items()}
+
+
+@pytest.mark.parametrize("mesh_kind", sorted(MESHES))
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_derived_specs(name, mesh_kind):
+  mesh = MESHES[mesh_kind]()
+  shardings = partitioning.named_shardings(mesh, SPECS)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    plan = shardopt.plan_state_shardings(transforms()[name], abstract_params(),
+                                         shardings)
+  got = by_param(plan)
+  counters = got.pop(None, [])
+  assert got == {k: sorted(v, key=str) for k, v in EXPECTED[name].items()}
+  assert all(spec == P() for _, spec in counters)
+  leaves = jax.tree.leaves(plan.shardings)
+  assert len(leaves) == len(plan.leaves)
+  assert all(s.mesh == mesh for s in leaves)
+  assert plan.under_sharded == ()
+
+
+def test_matches_structure_of_init_and_state_shardings_agrees():
+  mesh = MESHES["auto"]()
+  shardings = partitioning.named_shardings(mesh, SPECS)
+  tx = transforms()["adam"]
+  got = shardopt.state_shardings(tx, abstract_params(), shardings)
+  assert jax.tree.structure(got) == jax.tree.structure(
+      jax.eval_shape(tx.init, abstract_params()))
+  assert got[0].mu["embedding"] == NamedSharding(mesh, P("model", None))
+  assert got[0].count == NamedSharding(mesh, P())
+
+
+def test_rng_keys_chains_and_masks():
+  """optax's add_noise keeps a PRNG key; masked() leaves MaskedNodes."""
+  mesh = MESHES["explicit"]()
+  shardings = partitioning.named_shardings(mesh, SPECS)
+  mask = jax.tree.map(lambda s: len(s) == 2, SHAPES,
+                      is_leaf=lambda x: isinstance(x, tuple))
+  tx = optax.chain(optax.add_noise(0.1, 0.5, 0),
+                   optax.masked(optax.adam(1.0), mask))
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    plan = shardopt.plan_state_shardings(tx, abstract_params(), shardings)
+  got = by_param(plan)
+  assert set(got) == {None, E, K}
+  assert got[E] == [((64, 32), P("model", None))] * 2
+  assert got[None] == [((), P())] * 3  # noise count, key, adam count
+  key = [l for l in plan.leaves if "rng_key" in l.path]
+  assert key and jax.dtypes.issubdtype(key[0].dtype, jax.dtypes.prng_key)
+
+
+def _bare_shape_momentum():
+  """A transform that (wrongly) builds its state from bare shapes."""
+  init = lambda params: jax.tree.map(lambda p: jnp.zeros(p.shape, p.dtype),
+                                     params)
+  update = lambda g, state, params=None: (g, state)
+  return optax.GradientTransformation(init, update)
+
+
+def test_state_less_sharded_than_its_param_warns():
+  mesh = MESHES["auto"]()
+  shardings = partitioning.named_shardings(mesh, SPECS)
+  with pytest.warns(shardopt.ReplicatedStateWarning) as record:
+    plan = shardopt.plan_state_shardings(_bare_shape_momentum(),
+                                         abstract_params(), shardings)
+  message = str(record[0].message)
+  for path in (E, K, B):
+    assert path in message
+  assert S not in message  # replicated param: nothing lost
+  assert plan.under_sharded == (B, K, E)  # flatten order
+  assert plan.shardings["embedding"].spec == P(None, None)
+
+
+def test_bad_input_names_the_param():
+  mesh = MESHES["auto"]()
+  shardings = partitioning.named_shardings(mesh, SPECS)
+  tx = transforms()["adam"]
+  bad = dict(shardings, scale=P())
+  with pytest.raises(TypeError, match=r"\['scale'\].*NamedSharding"):
+    shardopt.state_shardings(tx, abstract_params(), bad)
+  with pytest.raises(ValueError, match="tree structure of params"):
+    shardopt.state_shardings(tx, abstract_params(), {"embedding": shardings["embedding"]})
+  with pytest.raises(ValueError, match="'fsdp' is not an axis"):
+    shardopt.state_shardings(tx, abstract_params(), shardings,
+                             shard_state_over="fsdp")
+
+
+def test_report_is_printable():
+  mesh = MESHES["abstract"]()
+  shardings = partitioning.named_shardings(mesh, SPECS)
+  plan = shardopt.plan_state_shardings(transforms()["adam"], abstract_params(),
+                                       shardings)
+  text = str(plan)
+  assert "9 leaves" in text and f"<- params{E}" in text
+  # mu and nu of embedding: 64/4 x 32 floats each per device.
+  mine = sum(l.device_bytes for l in plan.leaves if l.param == E)
+  assert mine == 2 * 16 * 32 * 4
