@@ -23,9 +23,12 @@ def _parser() -> argparse.ArgumentParser:
       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   g = p.add_argument_group("layout")
   g.add_argument("--mesh", default="data=4,model=2",
-                 help="mesh shape over all devices of all processes; one axis may be -1")
-  g.add_argument("--rules", default="transformer",
-                 help="partition-rule preset (partitioning.presets)")
+                 help="mesh shape over all devices of all processes, axes named data and"
+                 " model; one axis may be -1")
+  g.add_argument("--rules", default="tp",
+                 help="partition-rule preset of partitioning.decoder_rules: replicated,"
+                 " fsdp (d_model over the data axis), tp (heads, mlp and vocab over the"
+                 " model axis) or fsdp_tp")
   g.add_argument("--zero", action=argparse.BooleanOptionalAction, default=True,
                  help="also shard optimizer state over the data axis (ZeRO)")
   g = p.add_argument_group("optimizer")

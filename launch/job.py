@@ -78,45 +78,42 @@ def _model(args) -> Transformer:
 
 
 def _layout(args, mesh, model, tx):
-  """Abstract params, their shardings, and the optimizer state's shardings."""
+  """Abstract sharded params, their specs, and the sharded optimizer."""
   tokens = jax.ShapeDtypeStruct((1, args.seq_len - 1), jnp.int32)
   shapes = jax.eval_shape(model.init, jax.random.key(0), tokens)["params"]
-  rules = partitioning.get_preset(args.rules)
+  rules = partitioning.decoder_rules(args.rules, fsdp_axis="data", model_axis="model")
   specs = partitioning.match_partition_rules(rules, shapes)
   partitioning.validate_specs(shapes, specs, mesh)
-  param_shardings = partitioning.named_shardings(mesh, specs)
-  abstract = partitioning.abstract_params(shapes, param_shardings)
-  state_shardings = shardopt.state_shardings(
-      tx, abstract, shard_state_over="data" if args.zero else None)
-  return rules, specs, abstract, param_shardings, state_shardings
+  abstract = partitioning.abstract_params(shapes, partitioning.named_shardings(mesh, specs))
+  opt = shardopt.make_sharded_optimizer(
+      tx, abstract, partitioning.named_shardings(mesh, specs),
+      shard_state_over="data" if args.zero else None)
+  return rules, specs, abstract, opt
 
 
-def _describe(args, mesh, rules, specs, abstract, tx, state_shardings) -> None:
-  state = jax.eval_shape(tx.init, abstract)
-  state = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                       state, state_shardings)
+def _describe(args, mesh, rules, specs, abstract, tx, opt) -> None:
+  state = partitioning.abstract_params(jax.eval_shape(tx.init, abstract), opt.state_shardings)
   plan = partitioning.memory_plan(abstract, state, num_devices=mesh.size)
   _say(f"processes: {jax.process_count()}  devices: {jax.device_count()}"
        f" ({jax.local_device_count()} local, {jax.devices()[0].platform})",
        f"mesh: {dict(mesh.shape)}",
        f"optimizer: {args.optimizer}  schedule: {args.schedule}  ZeRO: {args.zero}",
-       "", f"partition rules ({args.rules}):", partitioning.rule_table(rules, abstract, specs),
+       "", f"partition rules (preset {args.rules!r}):",
+       partitioning.rule_table(rules, abstract, specs),
        "", "per-device memory plan:", plan.table(), "")
 
 
-def _train_step(model, tx):
-  def step(params, opt_state, tokens):
-    loss, grads = jax.value_and_grad(lambda p: next_token_loss(model, p, tokens))(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return shardopt.apply_updates(params, updates), opt_state, loss
-  return step
+def _grad_step(model, param_shardings, replicated):
+  loss_fn = lambda params, tokens: next_token_loss(model, params, tokens)
+  return jax.jit(jax.value_and_grad(loss_fn), out_shardings=(replicated, param_shardings))
 
 
-def _initial_state(args, model, tx, param_shardings, state_shardings, manager):
+def _initial_state(args, model, abstract, opt, manager):
   """(params, opt_state, first step): fresh from --seed, or the latest checkpoint."""
   init = lambda key: model.init(key, jnp.zeros((1, args.seq_len - 1), jnp.int32))["params"]
+  param_shardings = jax.tree.map(lambda a: a.sharding, abstract)
   params = jax.jit(init, out_shardings=param_shardings)(jax.random.key(args.seed))
-  opt_state = jax.jit(tx.init, out_shardings=state_shardings)(params)
+  opt_state = opt.init(params)
   latest = manager.latest_step() if args.resume else None
   if latest is None:
     return params, opt_state, 0
@@ -131,13 +128,12 @@ def run(args: argparse.Namespace) -> int:
   out.mkdir(parents=True, exist_ok=True)
   mesh = partitioning.make_mesh(args.mesh)
   model, tx = _model(args), build_optimizer(args)
-  rules, specs, abstract, param_shardings, state_shardings = _layout(args, mesh, model, tx)
-  _describe(args, mesh, rules, specs, abstract, tx, state_shardings)
+  rules, specs, abstract, opt = _layout(args, mesh, model, tx)
+  _describe(args, mesh, rules, specs, abstract, tx, opt)
   manager = checkpoints.CheckpointManager(pathlib.Path(args.checkpoint_dir).absolute())
-  params, opt_state, start = _initial_state(
-      args, model, tx, param_shardings, state_shardings, manager)
-  step_fn = jax.jit(_train_step(model, tx), donate_argnums=(0, 1),
-                    out_shardings=(param_shardings, state_shardings, NamedSharding(mesh, P())))
+  params, opt_state, start = _initial_state(args, model, abstract, opt, manager)
+  grad_fn = _grad_step(model, jax.tree.map(lambda a: a.sharding, abstract),
+                       NamedSharding(mesh, P()))
   corpus, schedule = data.load_corpus(), build_schedule(args)
   metrics_path = out / "metrics.jsonl"
   progress = report.Progress(args.steps, args.batch * (args.seq_len - 1), args.log_every)
@@ -145,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
   try:
     while step < args.steps and not stop.agreed():
       tokens = data.sharded_batch(corpus, args.seed, step, args.batch, args.seq_len, mesh)
-      params, opt_state, loss = step_fn(params, opt_state, tokens)
+      loss, grads = grad_fn(params, tokens)
+      params, opt_state = opt.update(grads, opt_state, params)
       loss, lr, step = float(loss), float(schedule(step)), step + 1
       speed = progress.tokens_per_s(step)
       if jax.process_index() == 0:
