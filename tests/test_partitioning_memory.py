@@ -1,0 +1,110 @@
+"""Shardings, sharded abstract params and memory plans, checked by hand and against real shards."""
+
+import collections
+import math
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import AbstractMesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from partitioning import (
+    PartitionError,
+    abstract_params,
+    decoder_param_shapes,
+    decoder_rules,
+    format_bytes,
+    make_abstract_mesh,
+    make_mesh,
+    memory_plan,
+    named_shardings,
+    sharded_abstract_params,
+)
+
+
+def resident_bytes_per_device(tree):
+  per_device = collections.Counter()
+  for leaf in jax.tree.leaves(tree):
+    for shard in leaf.addressable_shards:
+      per_device[shard.device] += shard.data.nbytes
+  return per_device
+
+
+def test_plan_on_a_real_mesh_matches_hand_count_and_resident_shards():
+  mesh = make_mesh("data=2,model=4")
+  params = {"w": jnp.ones((8, 16)), "b": jnp.ones((4,))}
+  specs = {"w": P("data", "model"), "b": P()}
+  sharded = jax.device_put(params, named_shardings(mesh, specs))
+  plan = memory_plan(sharded)
+  assert plan.num_devices == 8
+  assert plan.params.total_bytes == 8 * 16 * 4 + 4 * 4
+  assert plan.params.per_device_bytes == 8 * 16 * 4 // 8 + 4 * 4
+  assert plan.params.ideal_bytes == (8 * 16 * 4 + 4 * 4) / 8
+  assert plan.state is None and plan.per_device_bytes == 80
+  assert set(resident_bytes_per_device(sharded).values()) == {80}
+  # The same numbers from abstract params, without touching memory.
+  assert memory_plan(abstract_params(params, named_shardings(mesh, specs))) == plan
+
+
+def test_plan_on_256_abstract_devices_with_state_and_uneven_dims():
+  mesh = make_abstract_mesh({"fsdp": 16, "model": 16})
+  params = sharded_abstract_params(
+      [("w", P("fsdp", "model")), ("v", P("fsdp"))],
+      {"w": jax.ShapeDtypeStruct((256, 64), jnp.bfloat16), "v": jax.ShapeDtypeStruct((32,), jnp.float32)},
+      mesh,
+  )
+  assert isinstance(params["w"].sharding.mesh, AbstractMesh) and params["w"].sharding.mesh.size == 256
+  uneven = NamedSharding(mesh, P(("fsdp", "model")))
+  state = {
+      "mu": jax.ShapeDtypeStruct((300,), jnp.float32, sharding=uneven),  # ceil(300 / 256) = 2 on the first device
+      "count": jax.ShapeDtypeStruct((), jnp.int32),  # no sharding: replicated
+  }
+  plan = memory_plan(params, state)
+  assert plan.num_devices == 256
+  assert plan.params.per_device_bytes == 16 * 4 * 2 + 2 * 4
+  assert plan.params.total_bytes == 256 * 64 * 2 + 32 * 4
+  assert plan.state.per_device_bytes == 2 * 4 + 4
+  assert plan.state.total_bytes == 300 * 4 + 4
+  assert plan.state.ideal_bytes == 1204 / 256
+  assert plan.per_device_bytes == 136 + 12
+
+
+@pytest.mark.parametrize("gated_mlp, count", [(False, 5_295_575_040), (True, 6_738_415_616)])
+def test_7b_decoder_params_with_fsdp_tp_are_within_2_percent_of_ideal(gated_mlp, count):
+  shapes = decoder_param_shapes(32000, 4096, 32, 11008, 32, gated_mlp=gated_mlp)
+  mesh = make_abstract_mesh("fsdp=16,model=16")
+  plan = memory_plan(sharded_abstract_params(decoder_rules("fsdp_tp"), shapes, mesh))
+  assert plan.params.total_bytes == 4 * count
+  assert plan.params.ideal_bytes == 4 * count / 256
+  assert 1.0 <= plan.params.ratio < 1.02
+  # Only the 65 replicated norm scales exceed the ideal.
+  assert plan.params.per_device_bytes == 4 * ((count - 65 * 4096) // 256 + 65 * 4096)
+  replicated = memory_plan(sharded_abstract_params(decoder_rules("replicated"), shapes, mesh))
+  assert replicated.params.per_device_bytes == 4 * count and replicated.params.ratio == 256
+
+
+def test_table_and_format_bytes():
+  mesh = make_abstract_mesh("data=4")
+  params = {"w": jax.ShapeDtypeStruct((1024, 1024), jnp.float32, sharding=NamedSharding(mesh, P("data")))}
+  lines = memory_plan(params, params).table().splitlines()
+  assert lines[0] == "Memory plan on 4 devices"
+  assert lines[1].split() == ["total", "per", "device", "ideal", "(total/N)", "per-device/ideal"]
+  assert lines[3].split() == ["params", "4.00", "MiB", "1.00", "MiB", "1.00", "MiB", "1.000"]
+  assert lines[5].split() == ["params+state", "8.00", "MiB", "2.00", "MiB", "2.00", "MiB", "1.000"]
+  assert [format_bytes(n) for n in (512, 1536, 3 * 2**30)] == ["512 B", "1.50 KiB", "3.00 GiB"]
+
+
+def test_plan_needs_a_device_count_and_matching_trees():
+  with pytest.raises(PartitionError, match="No leaf carries a sharding: pass num_devices=... to memory_plan"):
+    memory_plan({"w": jax.ShapeDtypeStruct((4,), jnp.float32)})
+  plan = memory_plan({"w": jax.ShapeDtypeStruct((4,), jnp.float32)}, num_devices=2)
+  assert (plan.params.per_device_bytes, plan.params.ratio) == (16, 2.0)
+  with pytest.raises(PartitionError, match="The shardings tree does not match the params tree"):
+    abstract_params({"w": jnp.ones(2), "b": jnp.ones(2)}, {"w": None})
+
+
+def test_single_device_arrays_count_in_full():
+  x = jax.device_put(jnp.ones((6, 2)), jax.devices()[3])
+  plan = memory_plan({"x": x}, num_devices=8)
+  assert plan.params.per_device_bytes == 48 == math.prod(x.shape) * 4
