@@ -1,3 +1,62 @@
-"""(placeholder: being written)."""
+"""Clipping updates elementwise, per block (leaf) and by their global norm."""
 
-__all__ = []
+import jax
+import jax.numpy as jnp
+
+from shardopt import base
+from shardopt import numerics
+from shardopt import tree
+
+__all__ = [
+    "ClipByGlobalNormState",
+    "ClipState",
+    "clip",
+    "clip_by_block_rms",
+    "clip_by_global_norm",
+]
+
+ClipState = base.EmptyState
+ClipByGlobalNormState = base.EmptyState
+
+
+def _stateless_per_leaf(f) -> base.GradientTransformation:
+  """A stateless transform applying ``f`` to each update (params unused)."""
+  return base.stateless(lambda updates, _: jax.tree.map(f, updates))
+
+
+def clip(max_delta: jax.typing.ArrayLike) -> base.GradientTransformation:
+  """Clips every update element into ``[-max_delta, max_delta]``."""
+  return _stateless_per_leaf(lambda u: jnp.clip(u, -max_delta, max_delta))
+
+
+def clip_by_block_rms(
+    threshold: jax.typing.ArrayLike,
+) -> base.GradientTransformation:
+  """Rescales each leaf whose root-mean-square exceeds ``threshold`` to it."""
+
+  def clip_leaf(u):
+    rms = jnp.sqrt(jnp.mean(numerics.abs_sq(u)))
+    return u / jnp.maximum(1.0, rms / threshold)
+
+  return _stateless_per_leaf(clip_leaf)
+
+
+def clip_by_global_norm(
+    max_norm: jax.typing.ArrayLike,
+) -> base.GradientTransformation:
+  """Rescales all updates together when their global L2 norm exceeds max_norm.
+
+  Pascanu et al., "On the difficulty of training Recurrent Neural Networks",
+  2012. On sharded updates the norm is one all-reduce of per-leaf sums.
+  """
+
+  def clip_all(updates, params):
+    del params
+    norm = tree.global_norm(updates)
+    keep = norm < max_norm
+    return jax.tree.map(
+        lambda u: jax.lax.select(keep, u, (u / norm.astype(u.dtype)) * max_norm),
+        updates,
+    )
+
+  return base.stateless(clip_all)
