@@ -76,7 +76,9 @@ def test_rule_table_shows_path_shape_rule_spec_and_unused_rules():
   lines = rule_table(rules, PARAMS).splitlines()
   assert lines[0].split() == ["param", "shape", "dtype", "rule", "spec"]
   row = next(line for line in lines if line.startswith("decoder/layers_0/mlp/wi/kernel"))
-  assert row.split() == ["decoder/layers_0/mlp/wi/kernel", "(8,", "16)", "float32", "0:", "wi/kernel$", "P('data',", "'model')"]
+  assert row.split() == [
+      "decoder/layers_0/mlp/wi/kernel", "(8,", "16)", "float32", "0:", "wi/kernel$", "P('data',", "'model')"
+  ]
   row = next(line for line in lines if line.startswith("step"))
   assert row.split() == ["step", "()", "int32", "(scalar)", "P()"]
   assert lines[-2:] == ["Rules that match no param:", "  1: 'attn/.*'"]
