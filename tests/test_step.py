@@ -1,0 +1,133 @@
+"""The sharded step: state resident per device as planned, results unchanged."""
+
+import collections
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import partitioning
+import shardopt
+from tests.test_state_sharding import SPECS, abstract_params, transforms
+
+STEPS = 10
+
+
+def real_params(seed=0):
+  keys = iter(jax.random.split(jax.random.PRNGKey(seed), 8))
+  return jax.tree.map(lambda p: jax.random.normal(next(keys), p.shape),
+                      abstract_params())
+
+
+def grads_at(params, step):
+  noise = real_params(100 + step)
+  return jax.tree.map(lambda p, n: 0.5 * p + 0.1 * n, params, noise)
+
+
+def unsharded_run(tx, params):
+  update = jax.jit(tx.update)
+  state = tx.init(params)
+  for step in range(STEPS):
+    updates, state = update(grads_at(params, step), state, params)
+    params = jax.tree.map(lambda p, u: p + u, params, updates)
+  return params, state
+
+
+def sharded_run(opt, params, param_shardings):
+  # Copy first: the step donates (deletes) the params it is given, and
+  # device_put to a replicated sharding shares the source's buffer on device 0
+  # even with may_alias=False (jax 0.10.2).
+  params = jax.device_put(jax.tree.map(jnp.copy, params), param_shardings)
+  state = opt.init(params)
+  for step in range(STEPS):
+    grads = jax.device_put(grads_at(params, step), param_shardings)
+    params, state = opt.update(grads, state, params)
+  return params, state
+
+
+def resident_bytes(tree):
+  """Bytes actually held by each device, summed over the tree's leaves."""
+  per_device = collections.Counter()
+  for leaf in jax.tree.leaves(tree):
+    for shard in leaf.addressable_shards:
+      per_device[shard.device] += shard.data.nbytes
+  return per_device
+
+
+def assert_close(got, want):
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6,
+                               atol=1e-6)
+
+
+@pytest.mark.parametrize("axis_types", ["auto", "explicit"])
+@pytest.mark.parametrize("name", ["adam", "adafactor", "sm3", "lamb", "sgd"])
+def test_sharded_steps_match_unsharded(name, axis_types):
+  mesh = partitioning.make_mesh({"data": 2, "model": 4}, axis_types=axis_types)
+  param_shardings = partitioning.named_shardings(mesh, SPECS)
+  tx = transforms()[name]
+  params = real_params()
+  opt = shardopt.make_sharded_optimizer(tx, params, param_shardings)
+
+  state = opt.init(jax.device_put(params, param_shardings))
+  for leaf, sharding in zip(jax.tree.leaves(state),
+                            jax.tree.leaves(opt.state_shardings)):
+    assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim)
+  held = resident_bytes(state)
+  assert len(held) == 8
+  # Every device holds exactly its planned share, never the full state.
+  assert set(held.values()) == {opt.plan.bytes_per_device}
+  full = sum(l.nbytes for l in jax.tree.leaves(state))
+  assert opt.plan.bytes_per_device < full
+  for leaf, planned in zip(jax.tree.leaves(state), opt.plan.leaves):
+    assert {s.data.nbytes for s in leaf.addressable_shards} == {
+        planned.device_bytes}, planned.path
+  over_model = [(leaf, planned) for leaf, planned in
+                zip(jax.tree.leaves(state), opt.plan.leaves)
+                if "model" in str(planned.spec)]
+  assert over_model
+  for leaf, planned in over_model:  # a quarter of the leaf on each device
+    assert planned.device_bytes * 4 == leaf.nbytes, planned.path
+
+  got_params, got_state = sharded_run(opt, params, param_shardings)
+  want_params, want_state = unsharded_run(tx, params)
+  assert_close(got_params, want_params)
+  assert_close(got_state, want_state)
+  for leaf, sharding in zip(jax.tree.leaves(got_state),
+                            jax.tree.leaves(opt.state_shardings)):
+    assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim)
+
+
+def test_donated_step_needs_no_temporary_and_consumes_inputs():
+  mesh = partitioning.make_mesh({"data": 2, "model": 4})
+  param_shardings = partitioning.named_shardings(mesh, SPECS)
+  params = jax.device_put(real_params(), param_shardings)
+  tx = transforms()["adam"]
+  opt = shardopt.make_sharded_optimizer(tx, params, param_shardings)
+  state = opt.init(params)
+  grads = jax.device_put(grads_at(params, 0), param_shardings)
+  compiled = opt.update.lower(grads, state, params).compile()
+  state_bytes = sum(l.nbytes for l in jax.tree.leaves(state))
+  assert compiled.memory_analysis().temp_size_in_bytes < state_bytes // 100
+  new_params, _ = opt.update(grads, state, params)
+  assert params["embedding"].is_deleted() and state[0].mu["embedding"].is_deleted()
+  assert not grads["embedding"].is_deleted()
+  assert new_params["embedding"].sharding.spec == SPECS["embedding"]
+
+
+def test_without_donation_inputs_survive():
+  mesh = partitioning.make_mesh({"data": 2, "model": 4})
+  param_shardings = partitioning.named_shardings(mesh, SPECS)
+  params = jax.device_put(real_params(), param_shardings)
+  tx = transforms()["sgd"]
+  state_shardings = shardopt.state_shardings(tx, params, param_shardings)
+  init = shardopt.sharded_init(tx, param_shardings, state_shardings)
+  update = shardopt.sharded_update(tx, param_shardings, state_shardings,
+                                   donate=False)
+  state = init(params)
+  grads = jax.tree.map(jnp.ones_like, params)
+  new_params, _ = update(grads, state, params)
+  assert not params["embedding"].is_deleted()
+  np.testing.assert_allclose(np.asarray(new_params["embedding"]),
+                             np.asarray(params["embedding"]) - 1e-2, rtol=1e-6)
