@@ -61,6 +61,7 @@ def _parser() -> argparse.ArgumentParser:
                  help="metrics.jsonl, loss.png and (by default) checkpoints go here")
   g.add_argument("--checkpoint-dir", default=None, help="default: OUT/checkpoints")
   g.add_argument("--checkpoint-every", type=int, default=50, help="0: only at the end")
+  g.add_argument("--keep-checkpoints", type=int, default=3, help="keep the newest N")
   g.add_argument("--resume", action="store_true",
                  help="continue from the latest complete checkpoint")
   g.add_argument("--log-every", type=int, default=10)

@@ -91,8 +91,7 @@ def _layout(args, mesh, model, tx):
   return rules, specs, abstract, opt
 
 
-def _describe(args, mesh, rules, specs, abstract, tx, opt) -> None:
-  state = partitioning.abstract_params(jax.eval_shape(tx.init, abstract), opt.state_shardings)
+def _describe(args, mesh, rules, specs, abstract, state) -> None:
   plan = partitioning.memory_plan(abstract, state, num_devices=mesh.size)
   _say(f"processes: {jax.process_count()}  devices: {jax.device_count()}"
        f" ({jax.local_device_count()} local, {jax.devices()[0].platform})",
@@ -108,18 +107,17 @@ def _grad_step(model, param_shardings, replicated):
   return jax.jit(jax.value_and_grad(loss_fn), out_shardings=(replicated, param_shardings))
 
 
-def _initial_state(args, model, abstract, opt, manager):
+def _initial_state(args, model, abstract, opt, abstract_state, manager):
   """(params, opt_state, first step): fresh from --seed, or the latest checkpoint."""
+  latest = manager.latest_step() if args.resume else None
+  if latest is not None:
+    restored = manager.restore({"params": abstract, "opt_state": abstract_state}, latest)
+    _say(f"resumed from step {latest} ({args.checkpoint_dir})")
+    return restored.state["params"], restored.state["opt_state"], latest
   init = lambda key: model.init(key, jnp.zeros((1, args.seq_len - 1), jnp.int32))["params"]
   param_shardings = jax.tree.map(lambda a: a.sharding, abstract)
   params = jax.jit(init, out_shardings=param_shardings)(jax.random.key(args.seed))
-  opt_state = opt.init(params)
-  latest = manager.latest_step() if args.resume else None
-  if latest is None:
-    return params, opt_state, 0
-  restored = manager.restore(latest, {"params": params, "opt_state": opt_state})
-  _say(f"resumed from step {latest} ({args.checkpoint_dir})")
-  return restored["params"], restored["opt_state"], latest
+  return params, opt.init(params), 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -129,14 +127,22 @@ def run(args: argparse.Namespace) -> int:
   mesh = partitioning.make_mesh(args.mesh)
   model, tx = _model(args), build_optimizer(args)
   rules, specs, abstract, opt = _layout(args, mesh, model, tx)
-  _describe(args, mesh, rules, specs, abstract, tx, opt)
-  manager = checkpoints.CheckpointManager(pathlib.Path(args.checkpoint_dir).absolute())
-  params, opt_state, start = _initial_state(args, model, abstract, opt, manager)
+  abstract_state = partitioning.abstract_params(
+      jax.eval_shape(tx.init, abstract), opt.state_shardings)
+  _describe(args, mesh, rules, specs, abstract, abstract_state)
+  manager = checkpoints.CheckpointManager(
+      pathlib.Path(args.checkpoint_dir).absolute(),
+      checkpoints.CheckpointPolicy(save_interval_steps=args.checkpoint_every or args.steps,
+                                   keep_last=args.keep_checkpoints))
+  params, opt_state, start = _initial_state(
+      args, model, abstract, opt, abstract_state, manager)
   grad_fn = _grad_step(model, jax.tree.map(lambda a: a.sharding, abstract),
                        NamedSharding(mesh, P()))
   corpus, schedule = data.load_corpus(), build_schedule(args)
   metrics_path = out / "metrics.jsonl"
-  progress = report.Progress(args.steps, args.batch * (args.seq_len - 1), args.log_every)
+  progress = report.Progress(args.steps, args.batch * (args.seq_len - 1), args.log_every,
+                             quiet=jax.process_index() != 0)
+  meta = {"seed": args.seed, "optimizer": args.optimizer, "mesh": dict(mesh.shape)}
   stop, step, saved = StopRequest(), start, start
   try:
     while step < args.steps and not stop.agreed():
@@ -149,11 +155,10 @@ def run(args: argparse.Namespace) -> int:
         report.append_metrics(metrics_path, {"step": step, "loss": loss, "lr": lr,
                                              "tokens_per_s": speed, "time": time.time()})
       progress.show(step, loss, lr, speed)
-      if args.checkpoint_every and step % args.checkpoint_every == 0:
-        manager.save(step, {"params": params, "opt_state": opt_state})
+      if manager.save(step, {"params": params, "opt_state": opt_state}, metadata=meta):
         saved = step
     if saved != step:
-      manager.save(step, {"params": params, "opt_state": opt_state})
+      manager.save(step, {"params": params, "opt_state": opt_state}, metadata=meta, force=True)
     manager.wait_until_finished()
   finally:
     stop.restore()

@@ -46,9 +46,9 @@ class Progress:
   """One line per ``every`` steps: step, loss, learning rate, tokens/s."""
 
   def __init__(self, total_steps: int, tokens_per_step: int, every: int,
-               stream=sys.stdout):
-    self.total, self.tokens, self.every, self.stream = (
-        total_steps, tokens_per_step, every, stream)
+               stream=sys.stdout, quiet: bool = False):
+    self.total, self.tokens, self.every, self.stream, self.quiet = (
+        total_steps, tokens_per_step, every, stream, quiet)
     self._t0, self._s0 = time.perf_counter(), None
 
   def tokens_per_s(self, step: int) -> float:
@@ -60,7 +60,7 @@ class Progress:
     return (step - self._s0) * self.tokens / max(elapsed, 1e-9)
 
   def show(self, step: int, loss: float, lr: float, tokens_per_s: float) -> None:
-    if step % self.every and step != self.total:
+    if self.quiet or (step % self.every and step != self.total):
       return
     width = 24
     done = int(width * step / self.total)
