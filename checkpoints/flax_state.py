@@ -1,0 +1,106 @@
+"""Flax training states created directly sharded, ready to save and restore.
+
+``create_train_state`` (linen) and ``create_nnx_optimizer`` (nnx) run the param
+and optimizer-state initialisation inside one jit whose outputs land on the
+given shardings, so no device ever holds the whole state. The optimizer-state
+shardings come from ``shardopt.state_shardings(tx, params, param_shardings)``
+unless given.
+"""
+
+from typing import Any, Callable
+
+import jax
+from flax import nnx
+from flax.training import train_state
+from jax.sharding import NamedSharding, PartitionSpec
+
+__all__ = ["create_nnx_optimizer", "create_train_state", "nnx_checkpoint_state", "nnx_load_state"]
+
+
+def _derived_state_shardings(tx, abstract_params, param_shardings):
+  import shardopt  # pylint: disable=import-outside-toplevel
+  derive = getattr(shardopt, "state_shardings", None)
+  if derive is None:
+    raise RuntimeError("shardopt.state_shardings is not available in this version; pass opt_state_shardings=.")
+  return derive(tx, abstract_params, param_shardings)
+
+
+def _replicated(param_shardings) -> NamedSharding:
+  first = jax.tree.leaves(param_shardings)[0]
+  return NamedSharding(first.mesh, PartitionSpec())
+
+
+def create_train_state(apply_fn: Callable, init_params: Callable[[], Any], tx, param_shardings: Any, *,
+                       opt_state_shardings: Any = None) -> train_state.TrainState:
+  """A linen ``TrainState`` whose params and opt_state are created on their shardings.
+
+  Args:
+    apply_fn: the model's apply function (static in the state).
+    init_params: ``() -> params``, e.g. ``lambda: model.init(rng, x)["params"]``;
+      traced inside the jit, so params are never materialised unsharded.
+    tx: the gradient transformation (a shardopt or optax one).
+    param_shardings: a tree of ``NamedSharding`` matching the params.
+    opt_state_shardings: the optimizer state's shardings; derived with
+      ``shardopt.state_shardings`` when None.
+  """
+  def init():
+    return train_state.TrainState.create(apply_fn=apply_fn, params=init_params(), tx=tx)
+
+  abstract = jax.eval_shape(init)
+  if opt_state_shardings is None:
+    opt_state_shardings = _derived_state_shardings(tx, abstract.params, param_shardings)
+  shardings = abstract.replace(step=_replicated(param_shardings), params=param_shardings,
+                               opt_state=opt_state_shardings)
+  return jax.jit(init, out_shardings=shardings)()
+
+
+def _constrain_leaves(tree, shardings: list, what: str):
+  leaves, treedef = jax.tree.flatten(tree)
+  if len(leaves) != len(shardings):
+    raise ValueError(f"{what}: {len(shardings)} shardings for {len(leaves)} state leaves; derive them for this tx.")
+  leaves = [jax.lax.with_sharding_constraint(x, s) for x, s in zip(leaves, shardings)]
+  return jax.tree.unflatten(treedef, leaves)
+
+
+def create_nnx_optimizer(model_fn: Callable[[], nnx.Module], tx, param_shardings: Any, *, wrt=nnx.Param,
+                         opt_state_shardings: Any = None) -> tuple[nnx.Module, nnx.Optimizer]:
+  """``(model, nnx.Optimizer)`` with params and optimizer state created on their shardings.
+
+  ``param_shardings`` matches ``nnx.state(model, wrt).to_pure_dict()``; other
+  model variables and the optimizer step are replicated. The optimizer state's
+  shardings are those of ``tx.init`` on the pure-dict params, in leaf order.
+  """
+  abstract_params = nnx.state(nnx.eval_shape(model_fn), wrt).to_pure_dict()
+  if opt_state_shardings is None:
+    opt_state_shardings = _derived_state_shardings(tx, abstract_params, param_shardings)
+  replicated = _replicated(param_shardings)
+
+  @nnx.jit
+  def init():
+    model = model_fn()
+    params = nnx.state(model, wrt)
+    nnx.update(model, _constrain_leaves(params, jax.tree.leaves(param_shardings), "params"))
+    rest = nnx.state(model, nnx.Not(wrt))
+    nnx.update(model, _constrain_leaves(rest, [replicated] * len(jax.tree.leaves(rest)), "model variables"))
+    optimizer = nnx.Optimizer(model, tx, wrt=wrt)
+    opt_state = nnx.state(optimizer)  # {"opt_state": ..., "step": ...}: keys sorted, step last
+    shardings = jax.tree.leaves(opt_state_shardings) + [replicated]
+    nnx.update(optimizer, _constrain_leaves(opt_state, shardings, "optimizer state"))
+    return model, optimizer
+
+  return init()
+
+
+def nnx_checkpoint_state(model: nnx.Module, optimizer: nnx.Optimizer) -> dict:
+  """``{"model": nnx.state(model), "optimizer": nnx.state(optimizer)}``: what to save.
+
+  Restore into the same form built from a freshly created model and
+  optimizer (or its ``nnx.eval_shape``), then ``nnx_load_state`` it back.
+  """
+  return {"model": nnx.state(model), "optimizer": nnx.state(optimizer)}
+
+
+def nnx_load_state(model: nnx.Module, optimizer: nnx.Optimizer, state: dict) -> None:
+  """Puts a restored ``nnx_checkpoint_state`` tree into ``model`` and ``optimizer`` in place."""
+  nnx.update(model, state["model"])
+  nnx.update(optimizer, state["optimizer"])

@@ -1,0 +1,172 @@
+"""Save a sharded TrainState on a (2,4) mesh, restore it onto other meshes and partially."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax.training import train_state
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import checkpoints as ck
+import partitioning
+import shardopt
+
+# shardopt.adam / adafactor are being written (shardopt/alias.py); optax's stand in until they land.
+TXS = {"adam": lambda: optax.adam(1e-2), "adafactor": lambda: optax.adafactor(1e-2)}
+SPECS = {"w": P("a", "b"), "b": P("b")}
+
+
+def _mesh(shape):
+  devices = jax.devices()[: shape[0] * shape[1]]
+  return partitioning.make_mesh({"a": shape[0], "b": shape[1]}, devices=devices)
+
+
+def _init_params():
+  k1, k2 = jax.random.split(jax.random.key(0))
+  return {"w": jax.random.normal(k1, (256, 128)) * 0.1, "b": jax.random.normal(k2, (128,)) * 0.1}
+
+
+def _batch(i):
+  x = jax.random.normal(jax.random.key(100 + i), (32, 256))
+  return x, jnp.sin(x[:, :128])
+
+
+def _loss(params, batch):
+  x, y = batch
+  return jnp.mean((x @ params["w"] + params["b"] - y) ** 2)
+
+
+@jax.jit
+def _step(state, batch):
+  loss, grads = jax.value_and_grad(_loss)(state.params, batch)
+  return state.apply_gradients(grads=grads), loss
+
+
+def _param_shardings(mesh):
+  return {k: NamedSharding(mesh, s) for k, s in SPECS.items()}
+
+
+def _create(tx, mesh):
+  return ck.create_train_state(None, _init_params, tx, _param_shardings(mesh))
+
+
+def _abstract(tx, mesh):
+  """The restore target for ``mesh``: ShapeDtypeStructs carrying the derived shardings."""
+  abstract = jax.eval_shape(lambda: train_state.TrainState.create(apply_fn=None, params=_init_params(), tx=tx))
+  ps = _param_shardings(mesh)
+  shardings = abstract.replace(step=NamedSharding(mesh, P()), params=ps,
+                               opt_state=shardopt.state_shardings(tx, abstract.params, ps))
+  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+
+
+def _run(state, start, stop):
+  losses = []
+  for i in range(start, stop):
+    state, loss = _step(state, _batch(i))
+    losses.append(float(loss))
+  return state, losses
+
+
+def _assert_bit_equal(a, b):
+  la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+  assert len(la) == len(lb)
+  for x, y in zip(la, lb):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.fixture(scope="module", params=sorted(TXS))
+def saved(request, tmp_path_factory):
+  """Three steps trained on (2,4), saved; plus the uninterrupted run's later losses."""
+  tx = TXS[request.param]()
+  state, _ = _run(_create(tx, _mesh((2, 4))), 0, 3)
+  directory = tmp_path_factory.mktemp(request.param)
+  with ck.CheckpointManager(directory) as mngr:
+    assert mngr.save(3, {"train": state, "rng": jax.random.key(7), "raw_rng": jax.random.PRNGKey(8)},
+                     metadata={"data_position": 96, "config": {"lr": 1e-2}})
+  _, losses = _run(state, 3, 6)
+  return tx, directory, state, losses
+
+
+@pytest.mark.parametrize("shape", [(4, 2), (8, 1), (1, 1)], ids=["4x2", "8x1", "1dev"])
+def test_restore_onto_other_mesh_is_bit_equal_and_training_continues(saved, shape):
+  tx, directory, state, later_losses = saved
+  mesh = _mesh(shape)
+  target = {"train": _abstract(tx, mesh), "rng": jax.random.key(0), "raw_rng": jax.random.PRNGKey(0)}
+  with ck.CheckpointManager(directory) as mngr:
+    restored = mngr.restore(target)
+  got = restored.state["train"]
+  assert restored.step == 3 and restored.metadata == {"data_position": 96, "config": {"lr": 1e-2}}
+  assert type(got) is train_state.TrainState and type(got.opt_state) is type(state.opt_state)
+  assert [type(s) for s in got.opt_state] == [type(s) for s in state.opt_state]
+  _assert_bit_equal(got.params, state.params)
+  _assert_bit_equal(got.opt_state, state.opt_state)
+  assert int(got.step) == 3
+  assert got.params["w"].sharding == NamedSharding(mesh, SPECS["w"])
+  assert jax.tree.leaves(got.opt_state)[1].sharding.mesh.devices.shape == shape
+  assert jax.random.key_impl(restored.state["rng"]) == jax.random.key_impl(jax.random.key(0))
+  np.testing.assert_array_equal(jax.random.key_data(restored.state["rng"]), jax.random.key_data(jax.random.key(7)))
+  np.testing.assert_array_equal(restored.state["raw_rng"], jax.random.PRNGKey(8))
+  _, losses = _run(got, 3, 6)
+  np.testing.assert_allclose(losses, later_losses, rtol=2e-6)
+
+
+def test_params_only_restore(saved):
+  _, directory, state, _ = saved
+  mesh = _mesh((8, 1))
+  target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        state.params, _param_shardings(mesh))
+  with ck.CheckpointManager(directory) as mngr:
+    got = mngr.restore_params(target, prefix="train.params")
+  _assert_bit_equal(got.state, state.params)
+  assert got.state["w"].sharding.mesh.devices.shape == (8, 1)
+
+
+def test_changed_optimizer_is_refused_then_reinitialised_on_request(saved, tmp_path):
+  tx, directory, state, _ = saved
+  mesh = _mesh((4, 2))
+  new_tx = optax.sgd(1e-2, momentum=0.9)
+  target = {"train": _abstract(new_tx, mesh), "rng": jax.random.key(0), "raw_rng": jax.random.PRNGKey(0)}
+  with ck.CheckpointManager(directory) as mngr:
+    with pytest.raises(ck.StructureMismatchError) as info:
+      mngr.restore(target)
+    message = str(info.value)
+    assert "train.opt_state.0.trace.w: in the target, not in the checkpoint" in message
+    assert "train.opt_state.0" in message and "in the checkpoint, not in the target" in message
+    assert "optimizer_changed='reinit'" in message
+    with pytest.raises(ValueError, match="concrete"):  # abstract opt_state and no tx to init it
+      mngr.restore(target, optimizer_changed="reinit")
+    fresh = _create(new_tx, mesh).replace(step=0)
+    got = mngr.restore({"train": fresh, "rng": jax.random.key(0), "raw_rng": jax.random.PRNGKey(0)},
+                       optimizer_changed="reinit").state["train"]
+  _assert_bit_equal(got.params, state.params)
+  assert int(got.step) == 3
+  expected = new_tx.init(state.params)
+  _assert_bit_equal(got.opt_state, expected)
+  assert got.opt_state[0].trace["w"].sharding == NamedSharding(mesh, SPECS["w"])
+
+
+def test_structure_mismatch_names_paths_saved_vs_target(saved):
+  tx, directory, state, _ = saved
+  target = {"train": _abstract(tx, _mesh((2, 4))), "rng": jax.random.PRNGKey(0)}
+  wrong = target["train"].params["b"]
+  target["train"] = target["train"].replace(params={"w": target["train"].params["w"],
+                                                   "b": jax.ShapeDtypeStruct((64,), jnp.float32, sharding=wrong.sharding)})
+  with ck.CheckpointManager(directory) as mngr:
+    with pytest.raises(ck.StructureMismatchError) as info:
+      mngr.restore(target)
+  message = str(info.value)
+  assert "train.params.b: saved float32(128,) vs target float32(64,)" in message
+  assert "rng: saved key<fry>() (threefry2x32 key) vs target uint32(2,)" in message
+  assert "raw_rng: in the checkpoint, not in the target" in message
+  assert "optimizer_changed" not in message
+
+
+def test_bad_user_metadata_and_missing_sharding_are_clear(tmp_path):
+  with ck.CheckpointManager(tmp_path) as mngr:
+    with pytest.raises(TypeError, match="metadata must be JSON"):
+      mngr.save(1, {"x": jnp.ones(2)}, metadata={"f": object()})
+    mngr.save(1, {"x": jnp.ones(2)})
+    mngr.wait_until_finished()
+    with pytest.raises(ValueError, match="'x' has no sharding"):
+      mngr.restore({"x": jax.ShapeDtypeStruct((2,), jnp.float32)})
