@@ -1,0 +1,77 @@
+"""Shared by the launch tests: a tiny job config, bounded subprocesses, metrics."""
+
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+from launch import report, train
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+# Tiny model; constant schedule so runs with different --steps share their lr.
+TINY = ["--layers", "1", "--d-model", "32", "--heads", "2", "--head-dim", "16",
+        "--mlp", "64", "--batch", "8", "--seq-len", "17", "--mesh", "data=4,model=2",
+        "--schedule", "constant", "--log-every", "1"]
+
+
+def child_env() -> dict:
+  """Environment for a job subprocess: no inherited device count, shared compile cache."""
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env.update(JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1",
+             JAX_COMPILATION_CACHE_DIR=str(ROOT / ".jax_cache"))
+  return env
+
+
+def start(args: list[str], log: pathlib.Path) -> subprocess.Popen:
+  """``python -m <args>`` from the repository root, output to ``log``."""
+  with open(log, "w") as out:
+    return subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, env=child_env(),
+                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def run(args: list[str], log: pathlib.Path, timeout: float) -> int:
+  """Runs ``python -m <args>`` to completion (killed after ``timeout``)."""
+  proc = start(args, log)
+  try:
+    return proc.wait(timeout=timeout)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+
+
+def run_in_process(out: pathlib.Path, *args: str) -> list[float]:
+  """Runs the job here (the 8 devices of conftest) and returns its losses by step."""
+  assert train.main([*TINY, "--cpu-devices", "0", "--out", str(out), *args]) == 0
+  return losses(out)
+
+
+def losses(out: pathlib.Path) -> list[float]:
+  records = report.read_metrics(out / "metrics.jsonl")
+  assert [r["step"] for r in records] == list(range(1, len(records) + 1))
+  return [r["loss"] for r in records]
+
+
+def wait_for_steps(out: pathlib.Path, steps: int, proc: subprocess.Popen,
+                   timeout: float) -> None:
+  """Blocks until ``out/metrics.jsonl`` has ``steps`` lines (fails if the job ends)."""
+  path, deadline = out / "metrics.jsonl", time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    assert proc.poll() is None, f"the job ended early with {proc.returncode}"
+    if path.exists() and len(path.read_text().splitlines()) >= steps:
+      return
+    time.sleep(0.2)
+  raise AssertionError(f"no {steps} steps within {timeout} s")
+
+
+def checkpoint_steps(directory: pathlib.Path) -> list[int]:
+  """Finalized checkpoint steps (orbax renames a step's tmp dir when complete)."""
+  return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+
+
+def stop(proc: subprocess.Popen) -> None:
+  if proc.poll() is None:
+    proc.kill()
+    proc.wait()

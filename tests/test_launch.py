@@ -1,0 +1,48 @@
+"""The main job as a user runs it: outputs, SIGTERM handling and exact resume."""
+
+import signal
+
+import numpy as np
+import pytest
+
+from tests import launch_helpers as h
+
+
+def test_help_lists_the_options(tmp_path):
+  assert h.run(["launch.train", "--help"], tmp_path / "log", timeout=60) == 0
+  text = (tmp_path / "log").read_text()
+  for flag in ("--mesh", "--rules", "--optimizer", "--schedule", "--zero", "--resume",
+               "--checkpoint-every", "--coordinator"):
+    assert flag in text
+
+
+def test_unknown_hyperparameter_names_the_optimizer(tmp_path):
+  with pytest.raises(ValueError, match="sgd: does not take b2"):
+    h.run_in_process(tmp_path, "--optimizer", "sgd", "--b2", "0.9")
+
+
+@pytest.mark.slow
+def test_sigterm_saves_and_resume_matches_uninterrupted_run(tmp_path):
+  out, log = tmp_path / "run", tmp_path / "log"
+  proc = h.start(["launch.train", *h.TINY, "--optimizer", "adam", "--steps", "500",
+                  "--checkpoint-every", "4", "--out", str(out)], log)
+  try:
+    h.wait_for_steps(out, 5, proc, timeout=150)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+  finally:
+    h.stop(proc)
+  text = log.read_text()
+  for shown in ("mesh: {'data': 4, 'model': 2}", "partition rules", "per-device memory plan",
+                "params+state", "tok/s", "stopped by signal 15"):
+    assert shown in text
+  assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  stopped = len(h.losses(out))
+  assert h.checkpoint_steps(out / "checkpoints")[-1] == stopped  # the stop step was saved
+
+  resumed = h.run_in_process(out, "--optimizer", "adam", "--steps", str(stopped + 2),
+                             "--resume")
+  reference = h.run_in_process(tmp_path / "ref", "--optimizer", "adam",
+                               "--steps", str(stopped + 2))
+  np.testing.assert_allclose(resumed, reference, rtol=1e-6)
+  assert reference[-1] < reference[0] - 0.5
