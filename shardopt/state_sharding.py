@@ -83,6 +83,15 @@ class StatePlan(NamedTuple):
     """Bytes of the whole state resident on each device."""
     return sum(l.device_bytes for l in self.leaves)
 
+  def warn_zero_skipped(self, stacklevel: int = 1) -> None:
+    """Warns, listing the mirrors ZeRO could not shard and why, if any."""
+    if self.zero_skipped:
+      warnings.warn(
+          f"shard_state_over={self.axis!r} left these state leaves unsharded "
+          "over it: " + "; ".join(f"{l.path} ({l.zero})"
+                                  for l in self.zero_skipped),
+          ReplicatedStateWarning, stacklevel=stacklevel + 1)
+
   def __str__(self) -> str:
     head = (f"state sharding plan: {len(self.leaves)} leaves, "
             f"{self.bytes_per_device:,} bytes per device")
@@ -116,11 +125,7 @@ def state_shardings(tx, params, param_shardings, *, shard_state_over=None):
   """
   plan = plan_state_shardings(
       tx, params, param_shardings, shard_state_over=shard_state_over)
-  if plan.zero_skipped:
-    warnings.warn(
-        f"shard_state_over={plan.axis!r} left these state leaves unsharded "
-        "over it: " + "; ".join(f"{l.path} ({l.zero})" for l in plan.zero_skipped),
-        ReplicatedStateWarning, stacklevel=2)
+  plan.warn_zero_skipped(stacklevel=2)
   return plan.shardings
 
 

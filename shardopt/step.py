@@ -88,9 +88,13 @@ def make_sharded_optimizer(tx, params, param_shardings, *,
                            shard_state_over: str | None = None,
                            donate: bool = True) -> ShardedOptimizer:
   """Derives the state shardings of ``tx`` (see ``plan_state_shardings``;
-  ``plan`` is the printable report) and jits init and update with them."""
+  ``plan`` is the printable report) and jits init and update with them.
+
+  Warns, like ``state_shardings``, about mirrors ZeRO could not shard.
+  """
   plan = plan_state_shardings(tx, params, param_shardings,
                               shard_state_over=shard_state_over)
+  plan.warn_zero_skipped(stacklevel=2)
   return ShardedOptimizer(
       plan.shardings, plan,
       sharded_init(tx, param_shardings, plan.shardings),

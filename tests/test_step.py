@@ -14,14 +14,20 @@ from tests.test_state_sharding import SPECS, abstract_params, transforms
 STEPS = 10
 
 
-def real_params(seed=0):
-  keys = iter(jax.random.split(jax.random.PRNGKey(seed), 8))
-  return jax.tree.map(lambda p: jax.random.normal(next(keys), p.shape),
-                      abstract_params())
+def random_like(tree, seed=0):
+  """Normal float32 values with the shapes of ``tree``'s leaves."""
+  leaves, treedef = jax.tree.flatten(tree)
+  keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
+  return treedef.unflatten(
+      [jax.random.normal(k, p.shape) for k, p in zip(keys, leaves)])
+
+
+def real_params():
+  return random_like(abstract_params())
 
 
 def grads_at(params, step):
-  noise = real_params(100 + step)
+  noise = random_like(params, 100 + step)
   return jax.tree.map(lambda p, n: 0.5 * p + 0.1 * n, params, noise)
 
 

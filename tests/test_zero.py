@@ -1,0 +1,96 @@
+"""ZeRO: state that mirrors a param also shards over the data axis."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import partitioning
+import shardopt
+from tests.test_state_sharding import transforms
+from tests.test_step import (assert_close, random_like, resident_bytes,
+                             sharded_run, unsharded_run)
+
+# Params replicated over 'data' (size 2), except "fsdp".
+SHAPES = {"embedding": (64, 32), "kernel": (32, 16), "bias": (16,),
+          "odd": (5, 3), "fsdp": (8, 4), "wide": (6, 8)}
+SPECS = {"embedding": P("model", None), "kernel": P(None, "model"),
+         "bias": P("model"), "odd": P(), "fsdp": P("data", None), "wide": P()}
+# Where ZeRO puts 'data' on the moments, or why it cannot.
+ZERO_SPECS = {"embedding": P("model", "data"), "kernel": P("data", "model"),
+              "wide": P(None, "data"),  # the largest free divisible dim: 8
+              "bias": P("model"), "odd": P(None, None), "fsdp": P("data", None)}
+SKIPPED = {"bias": "no free dimension", "odd": "divisible by 2",
+           "fsdp": "'data' already used"}
+
+
+def abstract():
+  return {k: jax.ShapeDtypeStruct(s, jnp.float32) for k, s in SHAPES.items()}
+
+
+def shardings(axis_types="auto"):
+  mesh = partitioning.make_mesh({"data": 2, "model": 4}, axis_types=axis_types)
+  return partitioning.named_shardings(mesh, SPECS)
+
+
+def test_plan_shards_mirrors_and_reports_the_rest():
+  plan = shardopt.plan_state_shardings(transforms()["adam"], abstract(),
+                                       shardings(), shard_state_over="data")
+  mu, nu = plan.shardings[0].mu, plan.shardings[0].nu
+  for name, want in ZERO_SPECS.items():
+    assert mu[name].spec == want == nu[name].spec, name
+  skipped = {l.param: l.zero for l in plan.zero_skipped}
+  assert set(skipped) == {f"['{k}']" for k in SKIPPED}
+  for name, reason in SKIPPED.items():
+    assert reason in skipped[f"['{name}']"]
+  assert len(plan.zero_sharded) == 2 * 3  # mu and nu of 3 params
+  count = [l for l in plan.leaves if l.param is None]
+  assert [l.zero for l in count] == ["not sharded: scalar"]
+  text = str(plan)
+  assert "ZeRO over 'data': 6 sharded, 6 mirrors not" in text
+  assert "no free dimension divisible by 2 (free dims [5, 3])" in text
+
+
+def test_state_shardings_warns_about_what_zero_left_out():
+  with pytest.warns(shardopt.ReplicatedStateWarning,
+                    match=r"shard_state_over='data' left") as record:
+    shardopt.state_shardings(transforms()["adam"], abstract(), shardings(),
+                             shard_state_over="data")
+  message = str(record[0].message)
+  assert all(f"['{k}']" in message for k in SKIPPED)
+  assert "['embedding']" not in message
+
+
+@pytest.mark.parametrize("name,axis_types", [
+    ("adam", "auto"), ("adam", "explicit"), ("sm3", "explicit"),
+    ("adafactor", "explicit")])
+def test_zero_halves_state_bytes_and_keeps_results(name, axis_types):
+  param_shardings = shardings(axis_types)
+  params = random_like(abstract())
+  tx = transforms()[name]
+  plain = shardopt.make_sharded_optimizer(tx, params, param_shardings)
+  with pytest.warns(shardopt.ReplicatedStateWarning):  # bias, odd, fsdp
+    zero = shardopt.make_sharded_optimizer(tx, params, param_shardings,
+                                           shard_state_over="data")
+  placed = jax.device_put(params, param_shardings)
+  plain_state, zero_state = plain.init(placed), zero.init(placed)
+  for path_leaf, a, b, planned in zip(
+      jax.tree_util.tree_leaves_with_path(plain_state),
+      jax.tree.leaves(plain_state), jax.tree.leaves(zero_state),
+      zero.plan.leaves):
+    held_plain, held_zero = resident_bytes(a), resident_bytes(b)
+    assert held_plain.keys() == held_zero.keys() and len(held_zero) == 8
+    factor = 2 if planned.zero.startswith("dim ") else 1
+    for device, nbytes in held_zero.items():
+      assert nbytes * factor == held_plain[device], path_leaf[0]
+  assert zero.plan.zero_sharded
+  saved = plain.plan.bytes_per_device - zero.plan.bytes_per_device
+  assert saved == sum(l.device_bytes for l in zero.plan.zero_sharded)
+
+  got_params, got_state = sharded_run(zero, params, param_shardings)
+  want_params, want_state = unsharded_run(tx, params)
+  assert_close(got_params, want_params)
+  assert_close(got_state, want_state)
+  for leaf, sharding in zip(jax.tree.leaves(got_state),
+                            jax.tree.leaves(zero.state_shardings)):
+    assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim)
