@@ -16,7 +16,8 @@ class CheckpointPolicy:
   """Save interval, retention and timeouts of a ``CheckpointManager``.
 
   Attributes:
-    save_interval_steps: ``save`` writes only on multiples of this (unless forced).
+    save_interval_steps: ``save`` writes only on multiples of this (unless
+      forced); a manager's first save always writes.
     keep_last: keep the newest N checkpoints (None: keep all).
     keep_best: also keep the N best by ``best_metric`` (from ``save(metrics=)``);
       the newest checkpoint is always kept so training can resume.

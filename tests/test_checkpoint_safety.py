@@ -1,0 +1,165 @@
+"""Killed saves, corrupted checkpoints, retention order and save intervals."""
+
+import os
+import pathlib
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import checkpoints as ck
+from tests import checkpoint_worker
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+WORKER = pathlib.Path(checkpoint_worker.__file__)
+
+
+def _mesh(shape):
+  return jax.make_mesh(shape, ("a", "b"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
+def _target(mesh):
+  abstract = jax.eval_shape(lambda: checkpoint_worker.state_at(0, mesh))
+  rep = NamedSharding(mesh, P())
+  shardings = {"params": {"w": NamedSharding(mesh, P("a", "b"))}, "opt_state": {"m": NamedSharding(mesh, P("b", "a"))},
+               "step": rep, "rng": rep}
+  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+
+
+def _assert_state(got, step, mesh):
+  expected = checkpoint_worker.state_at(step, mesh)
+  for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+      x, y = jax.random.key_data(x), jax.random.key_data(y)
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def _steps_on_disk(directory):
+  return sorted(int(p.name) for p in pathlib.Path(directory).iterdir() if p.name.isdigit())
+
+
+def _tmp_dirs(directory):
+  return [p.name for p in pathlib.Path(directory).iterdir() if "tmp" in p.name]
+
+
+def _run_until(cmd, marker, timeout_s=120):
+  """Starts ``cmd``, waits for a stdout line starting with ``marker``, SIGKILLs it; returns its output."""
+  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+  lines: queue.Queue = queue.Queue()
+  threading.Thread(target=lambda: [lines.put(l) for l in proc.stdout], daemon=True).start()
+  seen, deadline = [], time.monotonic() + timeout_s
+  try:
+    while True:
+      line = lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+      seen.append(line)
+      if line.startswith(marker):
+        os.kill(proc.pid, signal.SIGKILL)
+        return seen
+  except queue.Empty:
+    pytest.fail(f"worker never printed {marker!r}:\n" + "".join(seen))
+  finally:
+    proc.kill()
+    proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["mid_write", "before_finalize"])
+def test_save_killed_by_sigkill_leaves_previous_checkpoint_restorable(tmp_path, mode):
+  marker = "FINALIZING" if mode == "before_finalize" else "SAVING 2"
+  out = _run_until([sys.executable, str(WORKER), str(tmp_path), mode], marker)
+  assert any(l.startswith("SAVED 1") for l in out)
+  if mode == "before_finalize":  # every byte of step 2 written, not renamed: must not count
+    assert _steps_on_disk(tmp_path) == [1] and _tmp_dirs(tmp_path)
+  mesh = _mesh((4, 2))
+  with ck.CheckpointManager(tmp_path, ck.CheckpointPolicy(keep_last=1)) as mngr:
+    # keep_last=1 deletes step 1 only once step 2 is final: one of them is always there.
+    assert mngr.all_steps() in ([1], [2]) if mode == "mid_write" else mngr.all_steps() == [1]
+    restored = mngr.restore(_target(mesh))
+    _assert_state(restored.state, restored.step, mesh)
+    assert restored.metadata == {"data_position": restored.step}
+    nxt = restored.step + 1
+    assert mngr.save(nxt, checkpoint_worker.state_at(nxt, mesh))
+  assert not _tmp_dirs(tmp_path)  # the half-written save was cleaned up (in the background)
+  with ck.CheckpointManager(tmp_path) as mngr:
+    assert mngr.all_steps() == [nxt]
+    _assert_state(mngr.restore(_target(mesh)).state, nxt, mesh)
+
+
+def _small(step):
+  return {"w": jnp.full((512, 1024), step, jnp.float32), "n": jnp.int32(step)}
+
+
+def _small_target():
+  rep = NamedSharding(_mesh((8, 1)), P())
+  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep), jax.eval_shape(lambda: _small(0)))
+
+
+def test_keep_last_deletes_oldest_only_after_the_newer_save_is_final(tmp_path):
+  with ck.CheckpointManager(tmp_path, ck.CheckpointPolicy(keep_last=2)) as mngr:
+    for step in range(1, 6):
+      assert mngr.save(step, _small(step))
+      while step not in (on_disk := _steps_on_disk(tmp_path)):  # poll during the background write
+        assert on_disk == list(range(max(1, step - 2), step)), on_disk
+      mngr.wait_until_finished()
+      assert _steps_on_disk(tmp_path) == list(range(max(1, step - 1), step + 1))
+    assert mngr.all_steps() == [4, 5] and mngr.latest_step() == 5
+
+
+def test_keep_best_keeps_best_metric_and_latest(tmp_path):
+  policy = ck.CheckpointPolicy(keep_last=1, keep_best=1, best_metric="loss", best_mode="min")
+  with ck.CheckpointManager(tmp_path, policy) as mngr:
+    for step, loss in zip(range(1, 5), [3.0, 1.0, 2.0, 4.0]):
+      mngr.save(step, _small(step), metrics={"loss": jnp.float32(loss)})
+    mngr.wait_until_finished()
+    assert mngr.all_steps() == [2, 4]
+
+
+def test_save_interval_skips_unless_forced(tmp_path):
+  with ck.CheckpointManager(tmp_path, ck.CheckpointPolicy(save_interval_steps=2, async_save=False)) as mngr:
+    # the manager's first save always writes (orbax's initial-save rule), later ones on the interval
+    assert [mngr.save(s, _small(s)) for s in (3, 4, 5)] == [True, True, False]
+    assert mngr.save(5, _small(5), force=True)
+    assert mngr.all_steps() == [3, 4, 5]
+
+
+def _truncate_data(step_dir):
+  files = [p for p in (step_dir / "state").rglob("*") if p.is_file() and p.parent.name == "d"]
+  assert files
+  for p in files:
+    p.write_bytes(p.read_bytes()[:7])
+
+
+def _delete_layout(step_dir):
+  for p in (step_dir / "layout").iterdir():
+    p.unlink()
+
+
+@pytest.mark.parametrize("corrupt", [_truncate_data, _delete_layout], ids=["truncated-data", "deleted-layout"])
+def test_corrupted_checkpoint_is_reported_and_previous_one_restored(tmp_path, corrupt):
+  with ck.CheckpointManager(tmp_path, ck.CheckpointPolicy(async_save=False)) as mngr:
+    mngr.save(1, _small(1), metadata={"pos": 1})
+    mngr.save(2, _small(2), metadata={"pos": 2})
+  corrupt(tmp_path / "2")
+  with ck.CheckpointManager(tmp_path) as mngr:
+    with pytest.raises(ck.CorruptCheckpointError, match="step 2"):
+      mngr.restore(_small_target())
+    restored = mngr.restore_latest_valid(_small_target())
+  assert restored.step == 1 and restored.metadata == {"pos": 1}
+  np.testing.assert_array_equal(np.asarray(restored.state["w"]), np.full((512, 1024), 1, np.float32))
+
+
+def test_restore_with_nothing_saved_is_clear(tmp_path):
+  with ck.CheckpointManager(tmp_path) as mngr:
+    with pytest.raises(ck.NoCheckpointError, match="No finalized checkpoint"):
+      mngr.restore(_small_target())
+    with pytest.raises(ck.NoCheckpointError, match="No readable checkpoint"):
+      mngr.restore_latest_valid(_small_target())
