@@ -28,3 +28,6 @@ from shardopt.conditional import *  # noqa: F401,F403
 from shardopt.gradient_accumulation import *  # noqa: F401,F403
 from shardopt.state_sharding import *  # noqa: F401,F403
 from shardopt.step import *  # noqa: F401,F403
+from shardopt.adaptive_variants import *  # noqa: F401,F403
+from shardopt.sign_methods import *  # noqa: F401,F403
+from shardopt.direction_rules import *  # noqa: F401,F403

@@ -1,0 +1,380 @@
+"""Adam's relatives: Adadelta, Adan, Adamax, AMSGrad, AdaBelief, Yogi, NovoGrad.
+
+Each keeps per-coordinate moments built with ``zeros_like``/``full_like`` of
+the params (NovoGrad's second moment is one scalar per param, a reduction), so
+the state carries the params' shardings.
+"""
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from shardopt import base
+from shardopt import numerics
+from shardopt import tree
+from shardopt.accumulation import canonical_dtype, compiled_bias_correction
+from shardopt.adaptive import ScaleByAdamState
+
+__all__ = [
+    "ScaleByAdaDeltaState",
+    "ScaleByAdanState",
+    "ScaleByAmsgradState",
+    "ScaleByBeliefState",
+    "ScaleByNovogradState",
+    "scale_by_adadelta",
+    "scale_by_adamax",
+    "scale_by_adan",
+    "scale_by_amsgrad",
+    "scale_by_belief",
+    "scale_by_novograd",
+    "scale_by_yogi",
+]
+
+
+def _is_none(x) -> bool:
+  return x is None
+
+
+def _divide_by_root(numerators, denominators, eps, eps_root):
+  """``n / (sqrt(d + eps_root) + eps)`` leaf by leaf (None leaves kept)."""
+  return jax.tree.map(
+      lambda n, d: None if n is None else n / (jnp.sqrt(d + eps_root) + eps),
+      numerators,
+      denominators,
+      is_leaf=_is_none,
+  )
+
+
+def _counter() -> jax.Array:
+  return jnp.zeros([], jnp.int32)
+
+
+class ScaleByAdaDeltaState(NamedTuple):
+  """Running averages of squared gradients ``e_g`` and squared updates ``e_x``."""
+
+  e_g: base.Updates
+  e_x: base.Updates
+
+
+def scale_by_adadelta(
+    rho: jax.typing.ArrayLike = 0.9, eps: jax.typing.ArrayLike = 1e-6
+) -> base.GradientTransformation:
+  """Adadelta: g * sqrt(E[dx^2] + eps) / sqrt(E[g^2] + eps).
+
+  Reference: Zeiler, ADADELTA: An Adaptive Learning Rate Method, 2012
+  (https://arxiv.org/abs/1212.5701).
+  """
+
+  def init_fn(params):
+    return ScaleByAdaDeltaState(
+        e_g=tree.tree_zeros_like(params), e_x=tree.tree_zeros_like(params)
+    )
+
+  def update_fn(updates, state, params=None):
+    del params
+    e_g = tree.update_moment(updates, state.e_g, rho, 2)
+    updates = jax.tree.map(
+        lambda g, sq_g, sq_x: jnp.sqrt(sq_x + eps) / jnp.sqrt(sq_g + eps) * g,
+        updates,
+        e_g,
+        state.e_x,
+    )
+    e_x = tree.update_moment(updates, state.e_x, rho, 2)
+    return updates, ScaleByAdaDeltaState(e_g=e_g, e_x=e_x)
+
+  return base.GradientTransformation(init_fn, update_fn)
+
+
+class ScaleByAdanState(NamedTuple):
+  """Moments of gradients ``m``, of gradient differences ``v``, of the
+  squared corrected gradient ``n``, the previous gradient ``g`` and step ``t``."""
+
+  m: base.Updates
+  v: base.Updates
+  n: base.Updates
+  g: base.Updates
+  t: jax.Array  # int32 scalar
+
+
+def scale_by_adan(
+    b1: jax.typing.ArrayLike = 0.98,
+    b2: jax.typing.ArrayLike = 0.92,
+    b3: jax.typing.ArrayLike = 0.99,
+    eps: jax.typing.ArrayLike = 1e-8,
+    eps_root: jax.typing.ArrayLike = 0.0,
+) -> base.GradientTransformation:
+  """Adan: Nesterov-style momentum estimated from gradient differences.
+
+  Reference: Xie et al., Adan: Adaptive Nesterov Momentum Algorithm for Faster
+  Optimizing Deep Models, 2022 (https://arxiv.org/abs/2208.06677), Alg. 1.
+  """
+
+  def init_fn(params):
+    zeros = lambda: tree.tree_zeros_like(params)  # noqa: E731
+    return ScaleByAdanState(m=zeros(), v=zeros(), n=zeros(), g=zeros(),
+                            t=_counter())
+
+  def update_fn(updates, state, params=None):
+    del params
+    first = state.t == 0
+    diff = jax.tree.map(
+        lambda g, prev: jnp.where(first, jnp.zeros_like(g), g - prev),
+        updates, state.g,
+    )
+    m = tree.update_moment(updates, state.m, b1, 1)
+    v = tree.update_moment(diff, state.v, b2, 1)
+    corrected = jax.tree.map(lambda g, d: g + (1 - b2) * d, updates, diff)
+    n = tree.update_moment_per_elem_norm(corrected, state.n, b3, 2)
+    t = numerics.safe_increment(state.t)
+    m_hat = compiled_bias_correction(m, b1, t)
+    v_hat = compiled_bias_correction(v, b2, t)
+    n_hat = compiled_bias_correction(n, b3, t)
+    direction = jax.tree.map(lambda a, b: a + (1 - b2) * b, m_hat, v_hat)
+    direction = _divide_by_root(direction, n_hat, eps, eps_root)
+    return direction, ScaleByAdanState(m=m, v=v, n=n, g=updates, t=t)
+
+  return base.GradientTransformation(init_fn, update_fn)
+
+
+def scale_by_adamax(
+    b1: jax.typing.ArrayLike = 0.9,
+    b2: jax.typing.ArrayLike = 0.999,
+    eps: jax.typing.ArrayLike = 1e-8,
+) -> base.GradientTransformation:
+  """Adamax: Adam with the infinity norm as second moment (not debiased).
+
+  Reference: Kingma & Ba, Adam: A Method for Stochastic Optimization, 2014
+  (https://arxiv.org/abs/1412.6980), Sec. 7.1.
+  """
+
+  def init_fn(params):
+    return ScaleByAdamState(
+        count=_counter(),
+        mu=tree.tree_zeros_like(params),
+        nu=tree.tree_zeros_like(params),
+    )
+
+  def update_fn(updates, state, params=None):
+    del params
+    count = numerics.safe_increment(state.count)
+    mu = tree.update_moment(updates, state.mu, b1, 1)
+    nu = tree.update_infinity_moment(updates, state.nu, b2, eps)
+    mu_hat = compiled_bias_correction(mu, b1, count)
+    updates = jax.tree.map(lambda m, v: m / v, mu_hat, nu)
+    return updates, ScaleByAdamState(count=count, mu=mu, nu=nu)
+
+  return base.GradientTransformation(init_fn, update_fn)
+
+
+class ScaleByAmsgradState(NamedTuple):
+  """Step count, moments ``mu``/``nu`` and the running maximum ``nu_max``."""
+
+  count: jax.Array  # int32 scalar
+  mu: base.Updates
+  nu: base.Updates
+  nu_max: base.Updates
+
+
+def scale_by_amsgrad(
+    b1: jax.typing.ArrayLike = 0.9,
+    b2: jax.typing.ArrayLike = 0.999,
+    eps: jax.typing.ArrayLike = 1e-8,
+    eps_root: jax.typing.ArrayLike = 0.0,
+    mu_dtype: Any | None = None,
+    bias_correction_mu: bool = True,
+    bias_correction_nu: bool = True,
+) -> base.GradientTransformation:
+  """AMSGrad: Adam dividing by the running maximum of the second moment.
+
+  The bias corrections can be switched off to follow the paper exactly.
+
+  Reference: Reddi et al., On the Convergence of Adam and Beyond, 2018
+  (https://openreview.net/forum?id=ryQu7f-RZ).
+  """
+  mu_dtype = canonical_dtype(mu_dtype)
+
+  def init_fn(params):
+    return ScaleByAmsgradState(
+        count=_counter(),
+        mu=tree.tree_zeros_like(params, dtype=mu_dtype),
+        nu=tree.tree_zeros_like(params),
+        nu_max=tree.tree_zeros_like(params),
+    )
+
+  def update_fn(updates, state, params=None):
+    del params
+    mu = tree.update_moment(updates, state.mu, b1, 1)
+    nu = tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
+    count = numerics.safe_increment(state.count)
+    mu_hat = compiled_bias_correction(mu, b1, count) if bias_correction_mu else mu
+    nu_eff = compiled_bias_correction(nu, b2, count) if bias_correction_nu else nu
+    nu_max = jax.tree.map(jnp.maximum, state.nu_max, nu_eff)
+    updates = _divide_by_root(mu_hat, nu_max, eps, eps_root)
+    return updates, ScaleByAmsgradState(
+        count=count, mu=tree.tree_cast(mu, mu_dtype), nu=nu, nu_max=nu_max
+    )
+
+  return base.GradientTransformation(init_fn, update_fn)
+
+
+class ScaleByBeliefState(NamedTuple):
+  """Step count, first moment ``mu`` and the belief (centred) moment ``nu``."""
+
+  count: jax.Array  # int32 scalar
+  mu: base.Updates
+  nu: base.Updates
+
+
+def scale_by_belief(
+    b1: jax.typing.ArrayLike = 0.9,
+    b2: jax.typing.ArrayLike = 0.999,
+    eps: jax.typing.ArrayLike = 1e-16,
+    eps_root: jax.typing.ArrayLike = 1e-16,
+    *,
+    nesterov: bool = False,
+) -> base.GradientTransformation:
+  """AdaBelief: divides by the EMA of (g - mu)^2, the "belief" in the gradient.
+
+  Reference: Zhuang et al., AdaBelief Optimizer: Adapting Stepsizes by the
+  Belief in Observed Gradients, 2020 (https://arxiv.org/abs/2010.07468).
+  """
+
+  def init_fn(params):
+    return ScaleByBeliefState(
+        count=_counter(),
+        mu=tree.tree_zeros_like(params),
+        nu=tree.tree_zeros_like(params),
+    )
+
+  def update_fn(updates, state, params=None):
+    del params
+    mu = tree.update_moment(updates, state.mu, b1, 1)
+    surprise = tree.tree_sub(updates, mu)
+    nu = tree.update_moment_per_elem_norm(surprise, state.nu, b2, 2)
+    nu = jax.tree.map(lambda v: v + eps_root, nu)
+    count = numerics.safe_increment(state.count)
+    if nesterov:
+      mu_hat = jax.tree.map(
+          lambda m, g: b1 * m + (1 - b1) * g,
+          compiled_bias_correction(mu, b1, numerics.safe_increment(count)),
+          compiled_bias_correction(updates, b1, count),
+      )
+    else:
+      mu_hat = compiled_bias_correction(mu, b1, count)
+    nu_hat = compiled_bias_correction(nu, b2, count)
+    updates = _divide_by_root(mu_hat, nu_hat, eps, 0.0)
+    return updates, ScaleByBeliefState(count=count, mu=mu, nu=nu)
+
+  return base.GradientTransformation(init_fn, update_fn)
+
+
+def scale_by_yogi(
+    b1: jax.typing.ArrayLike = 0.9,
+    b2: jax.typing.ArrayLike = 0.999,
+    eps: jax.typing.ArrayLike = 1e-3,
+    eps_root: jax.typing.ArrayLike = 0.0,
+    initial_accumulator_value: jax.typing.ArrayLike = 1e-6,
+) -> base.GradientTransformation:
+  """Yogi: an additive (sign-controlled) second-moment update.
+
+  Both moments start at ``initial_accumulator_value``.
+
+  Reference: Zaheer et al., Adaptive Methods for Nonconvex Optimization, 2018
+  (https://papers.nips.cc/paper/8186-adaptive-methods-for-nonconvex-optimization).
+  """
+
+  def init_fn(params):
+    return ScaleByAdamState(
+        count=_counter(),
+        mu=tree.tree_full_like(params, initial_accumulator_value),
+        nu=tree.tree_full_like(params, initial_accumulator_value),
+    )
+
+  def second_moment(g, v):
+    g2 = numerics.abs_sq(g)
+    return v - (1 - b2) * jnp.sign(v - g2) * g2
+
+  def update_fn(updates, state, params=None):
+    del params
+    mu = tree.update_moment(updates, state.mu, b1, 1)
+    nu = jax.tree.map(second_moment, updates, state.nu)
+    count = numerics.safe_increment(state.count)
+    mu_hat = compiled_bias_correction(mu, b1, count)
+    nu_hat = compiled_bias_correction(nu, b2, count)
+    updates = _divide_by_root(mu_hat, nu_hat, eps, eps_root)
+    return updates, ScaleByAdamState(count=count, mu=mu, nu=nu)
+
+  return base.GradientTransformation(init_fn, update_fn)
+
+
+class ScaleByNovogradState(NamedTuple):
+  """Step count, first moment ``mu`` and one second moment ``nu`` per param."""
+
+  count: jax.Array  # int32 scalar
+  mu: base.Updates
+  nu: base.Updates
+
+
+def scale_by_novograd(
+    b1: jax.typing.ArrayLike = 0.9,
+    b2: jax.typing.ArrayLike = 0.25,
+    eps: jax.typing.ArrayLike = 1e-8,
+    eps_root: jax.typing.ArrayLike = 0.0,
+    weight_decay: jax.typing.ArrayLike = 0.0,
+    mu_dtype: Any | None = None,
+) -> base.GradientTransformation:
+  """NovoGrad: layer-wise second moments of the gradient norm.
+
+  The first step initialises both moments from the gradient (no decay).
+  Needs ``params`` (for the weight-decay term).
+
+  Reference: Ginsburg et al., Stochastic Gradient Methods with Layer-wise
+  Adaptive Moments for Training of Deep Networks, 2019
+  (https://arxiv.org/abs/1905.11286).
+  """
+  mu_dtype = canonical_dtype(mu_dtype)
+
+  def init_fn(params):
+    # nu is one scalar per param (a norm), replicated on every device.
+    nu = jax.tree.map(lambda p: jnp.zeros([], p.dtype), params)
+    return ScaleByNovogradState(
+        count=_counter(), mu=tree.tree_zeros_like(params, dtype=mu_dtype), nu=nu
+    )
+
+  def sq_norm(g):
+    return jnp.linalg.norm(g) ** 2
+
+  def normalized(g, p, v):
+    return g / (jnp.sqrt(v + eps_root) + eps) + weight_decay * p
+
+  def first_nu(grads, nu):
+    return jax.tree.map(lambda g, v: sq_norm(g).astype(v.dtype), grads, nu)
+
+  def later_nu(grads, nu):
+    return jax.tree.map(lambda g, v: (1 - b2) * sq_norm(g) + b2 * v, grads, nu)
+
+  def first_mu(steps, mu):
+    del mu
+    return steps
+
+  def later_mu(steps, mu):
+    return jax.tree.map(lambda s, m: b1 * m + s, steps, mu)
+
+  def update_fn(updates, state, params=None):
+    if params is None:
+      raise ValueError(
+          "scale_by_novograd needs the params: call update(updates, state,"
+          " params)"
+      )
+    count = numerics.safe_increment(state.count)
+    first = count == 1
+    # The first step takes the moments from the gradient, undecayed. The
+    # branches are built once so that eager calls reuse their compilation.
+    nu = jax.lax.cond(first, first_nu, later_nu, updates, state.nu)
+    steps = jax.tree.map(normalized, updates, params, nu)
+    mu = jax.lax.cond(first, first_mu, later_mu, steps, state.mu)
+    mu = tree.tree_cast(mu, mu_dtype)
+    return mu, ScaleByNovogradState(count=count, mu=mu, nu=nu)
+
+  return base.GradientTransformation(init_fn, update_fn)
