@@ -144,13 +144,12 @@ def plan_state_shardings(tx, params, param_shardings, *,
   owners = _owners(state, params_def)
   param_paths = [jax.tree_util.keystr(p) for p, _ in
                  jax.tree_util.tree_flatten_with_path(params)[0]]
-  plans = []
-  for (path, leaf), owner in zip(state_leaves, owners):
-    param = None if owner is None else param_leaves[owner]
-    param_spec = None if owner is None else spec_leaves[owner]
-    plans.append(_plan_leaf(jax.tree_util.keystr(path), leaf, param,
-                            param_spec, None if owner is None
-                            else param_paths[owner], mesh, shard_state_over))
+  plans = [
+      _plan_leaf(jax.tree_util.keystr(path), leaf,
+                 None if owner is None else param_leaves[owner],
+                 None if owner is None else param_paths[owner],
+                 mesh, shard_state_over)
+      for (path, leaf), owner in zip(state_leaves, owners)]
   under = tuple(
       pl.path for pl, owner in zip(plans, owners)
       if pl.mirrors and not _axes(spec_leaves[owner]) <= _axes(pl.spec))
@@ -226,7 +225,7 @@ def _owners(state, params_def) -> list[int | None]:
   return [o for child in children for o in _owners(child, params_def)]
 
 
-def _plan_leaf(path, leaf, param, param_spec, param_path, mesh, axis):
+def _plan_leaf(path, leaf, param, param_path, mesh, axis):
   spec = _full_spec(leaf.sharding.spec if leaf.sharding is not None else P(),
                     len(leaf.shape))
   mirrors = param is not None and tuple(leaf.shape) == tuple(param.shape)
