@@ -102,37 +102,53 @@ def _sharded_params():
       shape, spec, is_leaf=lambda x: isinstance(x, tuple))
 
 
+def _schedule(count):
+  return 0.1 * 0.9**count
+
+
+# name -> (transform factory, whether it keeps per-param arrays)
 STATEFUL = {
-    "trace": lambda: shardopt.trace(0.9, accumulator_dtype=jnp.bfloat16),
-    "ema": lambda: shardopt.ema(0.9),
-    "adam": lambda: shardopt.scale_by_adam(mu_dtype=jnp.bfloat16,
-                                           nu_dtype=jnp.bfloat16),
-    "radam": shardopt.scale_by_radam,
-    "rss": shardopt.scale_by_rss,
-    "rms": lambda: shardopt.scale_by_rms(bias_correction=True),
-    "stddev": lambda: shardopt.scale_by_stddev(bias_correction=True),
+    "trace": (lambda: shardopt.trace(0.9, accumulator_dtype=jnp.bfloat16), True),
+    "ema": (lambda: shardopt.ema(0.9), True),
+    "adam": (lambda: shardopt.scale_by_adam(mu_dtype=jnp.bfloat16,
+                                            nu_dtype=jnp.bfloat16), True),
+    "radam": (shardopt.scale_by_radam, True),
+    "rss": (shardopt.scale_by_rss, True),
+    "rms": (lambda: shardopt.scale_by_rms(bias_correction=True), True),
+    "stddev": (lambda: shardopt.scale_by_stddev(bias_correction=True), True),
+    "schedule": (lambda: shardopt.scale_by_learning_rate(_schedule), False),
+    "noise": (lambda: shardopt.add_noise(0.1, 0.5, key=0), False),
+    "decay": (lambda: shardopt.add_decayed_weights(_schedule, mask=_mask), False),
+    "zero_nans": (shardopt.zero_nans, False),
 }
 
 
-def _per_param_fields(state, params):
-  """The state fields that mirror the params tree, as (field, tree) pairs."""
-  treedef = jax.tree.structure(params)
-  return [(f, getattr(state, f)) for f in state._fields
-          if jax.tree.structure(getattr(state, f)) == treedef]
+def _mask(params):
+  return {"w": True, "b": False, "s": True}
+
+
+def _spec(leaf):
+  return leaf.sharding.spec if leaf.sharding is not None else P()
 
 
 @pytest.mark.parametrize("name", sorted(STATEFUL))
 def test_state_inherits_param_sharding(name):
-  """Per-param state leaves carry their param's spec; counters are unsharded."""
+  """Per-param state arrays carry their param's spec; the rest are scalars."""
+  make, per_param = STATEFUL[name]
   params = _sharded_params()
   with jax.sharding.use_abstract_mesh(_MESH):
-    state = jax.eval_shape(STATEFUL[name]().init, params)
-  mirrored = _per_param_fields(state, params)
-  assert mirrored, f"{name}: no per-param state"
-  for field, value in mirrored:
-    for leaf, param in zip(jax.tree.leaves(value), jax.tree.leaves(params)):
-      assert leaf.shape == param.shape, (name, field)
-      assert leaf.sharding.spec == param.sharding.spec, (name, field)
-  others = [getattr(state, f) for f in state._fields
-            if f not in dict(mirrored)]
-  assert all(leaf.shape == () for leaf in jax.tree.leaves(others)), name
+    state = jax.eval_shape(make().init, params)
+  param_leaves = jax.tree.leaves(params)
+  mirrored = 0
+  for value in state:  # the fields of the state NamedTuple
+    leaves = jax.tree.leaves(value)
+    if len(leaves) != len(param_leaves):
+      assert all(leaf.shape == () for leaf in leaves), name
+      continue
+    for leaf, param in zip(leaves, param_leaves):
+      if leaf.shape == param.shape:
+        assert _spec(leaf) == param.sharding.spec, name
+        mirrored += param.ndim > 0
+      else:
+        assert leaf.shape == (), name
+  assert (mirrored > 0) == per_param, name
