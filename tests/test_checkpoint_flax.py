@@ -1,0 +1,94 @@
+"""Directly sharded linen TrainState and nnx.Optimizer, saved and restored through checkpoints/."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import checkpoints as ck
+import partitioning
+
+SPECS = {"kernel": P("a", "b"), "bias": P("b")}
+
+
+def _mesh(shape):
+  return partitioning.make_mesh({"a": shape[0], "b": shape[1]})
+
+
+class _Model(nnx.Module):
+  def __init__(self, rngs):
+    self.dense = nnx.Linear(16, 8, rngs=rngs)
+    self.norm = nnx.BatchNorm(8, rngs=rngs)  # non-param variables (batch stats) ride along
+
+  def __call__(self, x):
+    return self.norm(self.dense(x))
+
+
+def _param_shardings(mesh):
+  return {"dense": {k: NamedSharding(mesh, s) for k, s in SPECS.items()},
+          "norm": {"bias": NamedSharding(mesh, P()), "scale": NamedSharding(mesh, P())}}
+
+
+def _nnx(mesh, tx):
+  return ck.create_nnx_optimizer(lambda: _Model(nnx.Rngs(0)), tx, _param_shardings(mesh))
+
+
+def _train(model, optimizer, steps):
+  @nnx.jit
+  def step(model, optimizer, x):
+    loss, grads = nnx.value_and_grad(lambda m: jnp.mean(m(x) ** 2))(model)
+    optimizer.update(model, grads)
+    return loss
+  return [float(step(model, optimizer, jnp.ones((4, 16)) * (i + 1))) for i in range(steps)]
+
+
+def test_train_state_created_directly_sharded():
+  mesh = _mesh((2, 4))
+  params = {"w": jnp.zeros((16, 8)), "b": jnp.zeros(8)}
+  shardings = {"w": NamedSharding(mesh, P("a", "b")), "b": NamedSharding(mesh, P("b"))}
+  state = ck.create_train_state(None, lambda: jax.tree.map(jnp.ones_like, params), optax.adam(1e-3), shardings)
+  assert state.params["w"].sharding == shardings["w"]
+  assert state.opt_state[0].mu["w"].sharding.spec == P("a", "b")
+  assert state.opt_state[0].nu["b"].sharding.spec == P("b")
+  assert {s.data.shape for s in state.opt_state[0].mu["w"].addressable_shards} == {(8, 2)}
+
+
+def test_nnx_optimizer_sharded_save_restore_and_continue(tmp_path):
+  tx = optax.adam(1e-2)
+  model, optimizer = _nnx(_mesh((2, 4)), tx)
+  assert model.dense.kernel.get_value().sharding.spec == P("a", "b")
+  assert optimizer.opt_state[0].mu["dense"]["kernel"].get_value().sharding.spec == P("a", "b")
+  _train(model, optimizer, 2)
+  with ck.CheckpointManager(tmp_path) as mngr:
+    mngr.save(2, ck.nnx_checkpoint_state(model, optimizer))
+  expected = _train(model, optimizer, 2)
+
+  new_model, new_optimizer = _nnx(_mesh((4, 2)), tx)  # fresh values, other mesh
+  with ck.CheckpointManager(tmp_path) as mngr:
+    restored = mngr.restore(ck.nnx_checkpoint_state(new_model, new_optimizer))
+  assert isinstance(restored.state["optimizer"], nnx.State)
+  ck.nnx_load_state(new_model, new_optimizer, restored.state)
+  assert int(new_optimizer.step.get_value()) == 2
+  assert new_model.dense.kernel.get_value().sharding == NamedSharding(_mesh((4, 2)), P("a", "b"))
+  np.testing.assert_allclose(_train(new_model, new_optimizer, 2), expected, rtol=1e-6)
+
+
+def test_nnx_changed_optimizer_needs_explicit_reinit(tmp_path):
+  model, optimizer = _nnx(_mesh((2, 4)), optax.adam(1e-2))
+  _train(model, optimizer, 1)
+  with ck.CheckpointManager(tmp_path) as mngr:
+    mngr.save(1, ck.nnx_checkpoint_state(model, optimizer))
+  new_model, new_optimizer = _nnx(_mesh((2, 4)), optax.sgd(1e-2, momentum=0.9))
+  target = ck.nnx_checkpoint_state(new_model, new_optimizer)
+  with ck.CheckpointManager(tmp_path) as mngr:
+    try:
+      mngr.restore(target)
+      raise AssertionError("a changed optimizer restored without optimizer_changed='reinit'")
+    except ck.StructureMismatchError as e:
+      assert "optimizer.opt_state.0.trace.dense.kernel.value: in the target, not in the checkpoint" in str(e)
+    restored = mngr.restore(target, optimizer_changed="reinit").state
+  ck.nnx_load_state(new_model, new_optimizer, restored)
+  np.testing.assert_array_equal(np.asarray(new_model.dense.kernel.get_value()), np.asarray(model.dense.kernel.get_value()))
+  np.testing.assert_array_equal(np.asarray(new_optimizer.opt_state[0].trace["dense"]["kernel"].get_value()), 0)
