@@ -1,7 +1,5 @@
 """The sharded step: state resident per device as planned, results unchanged."""
 
-import collections
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,6 +7,7 @@ import pytest
 
 import partitioning
 import shardopt
+from tests.test_partitioning_memory import resident_bytes_per_device
 from tests.test_state_sharding import SPECS, abstract_params, transforms
 
 STEPS = 10
@@ -52,13 +51,25 @@ def sharded_run(opt, params, param_shardings):
   return params, state
 
 
-def resident_bytes(tree):
-  """Bytes actually held by each device, summed over the tree's leaves."""
-  per_device = collections.Counter()
-  for leaf in jax.tree.leaves(tree):
-    for shard in leaf.addressable_shards:
-      per_device[shard.device] += shard.data.nbytes
-  return per_device
+def assert_laid_out(state, shardings):
+  for leaf, sharding in zip(jax.tree.leaves(state), jax.tree.leaves(shardings)):
+    assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim)
+
+
+def assert_steps_match_unsharded(opt, tx, params, param_shardings):
+  """STEPS sharded steps of ``opt`` equal unsharded steps of ``tx``."""
+  got_params, got_state = sharded_run(opt, params, param_shardings)
+  want_params, want_state = unsharded_run(tx, params)
+  assert_close(got_params, want_params)
+  assert_close(got_state, want_state)
+  assert_laid_out(got_state, opt.state_shardings)
+
+
+def placed_params():
+  """Param shardings on an Auto (2, 4) mesh, and params placed in them."""
+  mesh = partitioning.make_mesh({"data": 2, "model": 4})
+  param_shardings = partitioning.named_shardings(mesh, SPECS)
+  return param_shardings, jax.device_put(real_params(), param_shardings)
 
 
 def assert_close(got, want):
@@ -77,10 +88,8 @@ def test_sharded_steps_match_unsharded(name, axis_types):
   opt = shardopt.make_sharded_optimizer(tx, params, param_shardings)
 
   state = opt.init(jax.device_put(params, param_shardings))
-  for leaf, sharding in zip(jax.tree.leaves(state),
-                            jax.tree.leaves(opt.state_shardings)):
-    assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim)
-  held = resident_bytes(state)
+  assert_laid_out(state, opt.state_shardings)
+  held = resident_bytes_per_device(state)
   assert len(held) == 8
   # Every device holds exactly its planned share, never the full state.
   assert set(held.values()) == {opt.plan.bytes_per_device}
@@ -96,19 +105,11 @@ def test_sharded_steps_match_unsharded(name, axis_types):
   for leaf, planned in over_model:  # a quarter of the leaf on each device
     assert planned.device_bytes * 4 == leaf.nbytes, planned.path
 
-  got_params, got_state = sharded_run(opt, params, param_shardings)
-  want_params, want_state = unsharded_run(tx, params)
-  assert_close(got_params, want_params)
-  assert_close(got_state, want_state)
-  for leaf, sharding in zip(jax.tree.leaves(got_state),
-                            jax.tree.leaves(opt.state_shardings)):
-    assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim)
+  assert_steps_match_unsharded(opt, tx, params, param_shardings)
 
 
 def test_donated_step_needs_no_temporary_and_consumes_inputs():
-  mesh = partitioning.make_mesh({"data": 2, "model": 4})
-  param_shardings = partitioning.named_shardings(mesh, SPECS)
-  params = jax.device_put(real_params(), param_shardings)
+  param_shardings, params = placed_params()
   tx = transforms()["adam"]
   opt = shardopt.make_sharded_optimizer(tx, params, param_shardings)
   state = opt.init(params)
@@ -123,9 +124,7 @@ def test_donated_step_needs_no_temporary_and_consumes_inputs():
 
 
 def test_without_donation_inputs_survive():
-  mesh = partitioning.make_mesh({"data": 2, "model": 4})
-  param_shardings = partitioning.named_shardings(mesh, SPECS)
-  params = jax.device_put(real_params(), param_shardings)
+  param_shardings, params = placed_params()
   tx = transforms()["sgd"]
   state_shardings = shardopt.state_shardings(tx, params, param_shardings)
   init = shardopt.sharded_init(tx, param_shardings, state_shardings)

@@ -7,9 +7,9 @@ from jax.sharding import PartitionSpec as P
 
 import partitioning
 import shardopt
+from tests.test_partitioning_memory import resident_bytes_per_device
 from tests.test_state_sharding import transforms
-from tests.test_step import (assert_close, random_like, resident_bytes,
-                             sharded_run, unsharded_run)
+from tests.test_step import assert_steps_match_unsharded, random_like
 
 # Params replicated over 'data' (size 2), except "fsdp".
 SHAPES = {"embedding": (64, 32), "kernel": (32, 16), "bias": (16,),
@@ -78,7 +78,8 @@ def test_zero_halves_state_bytes_and_keeps_results(name, axis_types):
       jax.tree_util.tree_leaves_with_path(plain_state),
       jax.tree.leaves(plain_state), jax.tree.leaves(zero_state),
       zero.plan.leaves):
-    held_plain, held_zero = resident_bytes(a), resident_bytes(b)
+    held_plain = resident_bytes_per_device(a)
+    held_zero = resident_bytes_per_device(b)
     assert held_plain.keys() == held_zero.keys() and len(held_zero) == 8
     factor = 2 if planned.zero.startswith("dim ") else 1
     for device, nbytes in held_zero.items():
@@ -87,10 +88,4 @@ def test_zero_halves_state_bytes_and_keeps_results(name, axis_types):
   saved = plain.plan.bytes_per_device - zero.plan.bytes_per_device
   assert saved == sum(l.device_bytes for l in zero.plan.zero_sharded)
 
-  got_params, got_state = sharded_run(zero, params, param_shardings)
-  want_params, want_state = unsharded_run(tx, params)
-  assert_close(got_params, want_params)
-  assert_close(got_state, want_state)
-  for leaf, sharding in zip(jax.tree.leaves(got_state),
-                            jax.tree.leaves(zero.state_shardings)):
-    assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim)
+  assert_steps_match_unsharded(zero, tx, params, param_shardings)
