@@ -1,0 +1,393 @@
+"""The catalogue: every public transformation and alias, in one list.
+
+``ENTRIES`` names each public constructor with example arguments. The test
+harness (tests/test_harness.py) proves every entry against optax and on a
+sharded mesh, and ``render()`` turns the list into the table of
+docs/catalogue.md: the state each one keeps, how that state is sharded next
+to a sharded param, and its reference. A new transformation is covered by
+adding one ``Entry``. Regenerate the table with
+``python -m shardopt.catalogue > docs/catalogue.md``.
+
+Arguments that are themselves transformations or functions of the library
+(an inner optimizer, a schedule) are written as ``Sub``/``Fn`` and built in
+the library under test, so the same entry builds shardopt's transformation
+and, for the oracle, optax's.
+"""
+
+import functools
+import inspect
+import re
+import sys
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+__all__ = ["ENTRIES", "Entry", "Fn", "Sub", "build", "render"]
+
+
+class Sub(NamedTuple):
+  """``lib.<name>(**kwargs)``, built in the library under test."""
+
+  name: str
+  kwargs: dict = {}
+
+
+class Fn(NamedTuple):
+  """``lib.<name>`` (with ``kwargs`` bound), passed uncalled."""
+
+  name: str
+  kwargs: dict = {}
+
+
+class Entry(NamedTuple):
+  """One public constructor and the example arguments it is proven with.
+
+  ``extra_args`` names the keyword arguments its update needs (``value``,
+  ``grad``, ``value_fn`` of the objective); ``finish`` turns the constructed
+  object into the transformation (``MultiSteps``, ``inject_hyperparams``);
+  ``oracle`` says whether optax has the same name and semantics.
+  """
+
+  name: str
+  kwargs: dict = {}
+  args: tuple = ()
+  extra_args: tuple[str, ...] = ()
+  finish: Callable | None = None
+  oracle: bool = True
+  variant: str = ""  # tells apart entries of one name
+
+  @property
+  def label(self) -> str:
+    return f"{self.name} ({self.variant})" if self.variant else self.name
+
+
+def _sum_of_squares(tree) -> jax.Array:
+  return sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree))
+
+
+def _is_matrix(tree):
+  return jax.tree.map(lambda x: jnp.ndim(x) >= 2, tree)
+
+
+def _by_rank(tree):
+  return jax.tree.map(lambda x: "matrix" if jnp.ndim(x) >= 2 else "other", tree)
+
+
+def _every_other_step(step) -> jax.Array:
+  return step % 2 == 0
+
+
+def _double(updates, params=None):
+  del params
+  return jax.tree.map(lambda u: 2.0 * u, updates)
+
+
+def _double_leaf(update, param=None):
+  del param
+  return 2.0 * update
+
+
+_ADAM = Sub("scale_by_adam")
+_SGD = Sub("sgd", {"learning_rate": 0.1})
+_LINESEARCH = ("value", "grad", "value_fn")
+_LR = {"learning_rate": 0.1}
+
+ENTRIES: tuple[Entry, ...] = (
+    # Building blocks (optax.transforms).
+    Entry("identity"),
+    Entry("set_to_zero"),
+    Entry("stateless", {"f": _double}),
+    Entry("stateless_with_tree_map", {"f": _double_leaf}),
+    Entry("with_extra_args_support", {"tx": Sub("scale", {"step_size": 2.0})}),
+    Entry("scale", {"step_size": -0.5}),
+    Entry("scale_by_learning_rate", _LR),
+    Entry("scale_by_schedule", {"step_size_fn": Sub(
+        "exponential_decay", {"init_value": 1.0, "transition_steps": 3,
+                              "decay_rate": 0.9})}),
+    Entry("trace", {"decay": 0.9, "nesterov": True}),
+    Entry("ema", {"decay": 0.8}),
+    Entry("clip", {"max_delta": 0.3}),
+    Entry("clip_by_block_rms", {"threshold": 0.3}),
+    Entry("clip_by_global_norm", {"max_norm": 1.0}),
+    Entry("adaptive_grad_clip", {"clipping": 0.1}),
+    Entry("add_decayed_weights", {"weight_decay": 0.1, "mask": _is_matrix}),
+    Entry("add_noise", {"eta": 0.01, "gamma": 0.55, "key": 3}),
+    Entry("apply_every", {"k": 3}),
+    Entry("centralize"),
+    Entry("normalize_by_update_norm", {"scale_factor": 2.0}),
+    Entry("keep_params_nonnegative"),
+    Entry("zero_nans"),
+    Entry("scale_by_adam", {"nesterov": True}),
+    Entry("scale_by_radam"),
+    Entry("scale_by_rms", {"decay": 0.9}),
+    Entry("scale_by_stddev", {"decay": 0.9}),
+    Entry("scale_by_rss"),
+    Entry("scale_by_adadelta"),
+    Entry("scale_by_adan"),
+    Entry("scale_by_adamax"),
+    Entry("scale_by_amsgrad"),
+    Entry("scale_by_belief"),
+    Entry("scale_by_yogi"),
+    Entry("scale_by_novograd"),
+    Entry("scale_by_lion"),
+    Entry("scale_by_sign"),
+    Entry("scale_by_rprop", _LR),
+    Entry("scale_by_sm3"),
+    Entry("scale_by_factored_rms", {"min_dim_size_to_factor": 4}),
+    Entry("scale_by_param_block_norm"),
+    Entry("scale_by_param_block_rms"),
+    Entry("scale_by_trust_ratio"),
+    Entry("scale_by_optimistic_gradient"),
+    Entry("scale_by_polyak", extra_args=("value",)),
+    Entry("scale_by_lbfgs", {"memory_size": 4}),
+    Entry("scale_by_backtracking_linesearch", {"max_backtracking_steps": 15},
+          extra_args=_LINESEARCH),
+    Entry("scale_by_zoom_linesearch", {"max_linesearch_steps": 15},
+          extra_args=_LINESEARCH),
+    Entry("snapshot", {"measure_name": "sq_norm", "measure": _sum_of_squares}),
+    Entry("measure_with_ema", {"measure": _sum_of_squares, "decay": 0.9}),
+    Entry("monitor", {"measures": {"sq_norm": _sum_of_squares}}),
+    # Combinators and wrappers, each with a small inner transformation.
+    Entry("chain", args=(Sub("clip", {"max_delta": 1.0}), _ADAM)),
+    Entry("named_chain", args=(("clip", Sub("clip", {"max_delta": 1.0})),
+                               ("adam", _ADAM))),
+    Entry("partition", {"transforms": {"matrix": _ADAM, "other": _SGD},
+                        "param_labels": _by_rank}),
+    Entry("multi_transform", {"transforms": {"matrix": _ADAM, "other": _SGD},
+                              "param_labels": _by_rank}),
+    Entry("masked", {"inner": _ADAM, "mask": _is_matrix}),
+    Entry("freeze", {"mask": _is_matrix}),
+    Entry("selective_transform", {"optimizer": _SGD, "freeze_mask": _is_matrix}),
+    Entry("conditionally_mask", {"inner": _ADAM,
+                                 "should_transform_fn": _every_other_step}),
+    Entry("conditionally_transform", {
+        "inner": _ADAM, "should_transform_fn": _every_other_step}),
+    Entry("apply_if_finite", {"inner": _ADAM, "max_consecutive_errors": 2}),
+    Entry("MultiSteps", {"opt": _ADAM, "every_k_schedule": 3},
+          finish=lambda ms: ms.gradient_transformation()),
+    Entry("MultiSteps", {"opt": _ADAM, "every_k_schedule": 2,
+                         "should_skip_update_fn": Fn("skip_not_finite")},
+          finish=lambda ms: ms.gradient_transformation(),
+          variant="skip_not_finite"),
+    Entry("MultiSteps", {"opt": _ADAM, "every_k_schedule": 2,
+                         "should_skip_update_fn": Fn(
+                             "skip_large_updates", {"max_squared_norm": 20.0})},
+          finish=lambda ms: ms.gradient_transformation(),
+          variant="skip_large_updates"),
+    Entry("inject_hyperparams", {"inner_factory": Fn("adam")},
+          finish=lambda factory: factory(learning_rate=0.1)),
+    Entry("low_precision_state", {"inner": _ADAM, "dtype": jnp.bfloat16},
+          oracle=False),
+    # Optimizers (optax's aliases).
+    Entry("sgd", {"learning_rate": 0.1, "momentum": 0.9, "nesterov": True}),
+    Entry("adam", _LR),
+    Entry("adamw", {"learning_rate": 0.1, "weight_decay": 0.01}),
+    Entry("nadam", _LR),
+    Entry("nadamw", _LR),
+    Entry("adamax", _LR),
+    Entry("adamaxw", _LR),
+    Entry("amsgrad", _LR),
+    Entry("adabelief", _LR),
+    Entry("adadelta", _LR),
+    Entry("adan", _LR),
+    Entry("adagrad", _LR),
+    Entry("adafactor", {"learning_rate": 0.1, "min_dim_size_to_factor": 4}),
+    Entry("lamb", _LR),
+    Entry("lars", _LR),
+    Entry("lion", _LR),
+    Entry("novograd", _LR),
+    Entry("radam", _LR),
+    Entry("rmsprop", {"learning_rate": 0.1, "momentum": 0.9, "centered": True}),
+    Entry("rprop", _LR),
+    Entry("sm3", _LR),
+    Entry("yogi", _LR),
+    Entry("fromage", _LR),
+    Entry("noisy_sgd", {"learning_rate": 0.1, "key": 5}),
+    Entry("sign_sgd", _LR),
+    Entry("signum", _LR),
+    Entry("optimistic_gradient_descent", _LR),
+    Entry("polyak_sgd", extra_args=("value",)),
+    Entry("lbfgs", {"memory_size": 4}, extra_args=_LINESEARCH),
+    # trax's optimizers with trax's semantics: optax has no counterpart.
+    Entry("trax_adam", oracle=False),
+    Entry("trax_momentum", oracle=False),
+    Entry("trax_rmsprop", oracle=False),
+    Entry("trax_adafactor", oracle=False),
+    Entry("trax_sm3", oracle=False),
+)
+
+
+def _resolve(value, lib):
+  """``value`` with every ``Sub``/``Fn`` built from ``lib``."""
+  if isinstance(value, Sub):
+    return getattr(lib, value.name)(**_resolve(value.kwargs, lib))
+  if isinstance(value, Fn):
+    fn = getattr(lib, value.name)
+    return functools.partial(fn, **value.kwargs) if value.kwargs else fn
+  if isinstance(value, dict):
+    return {k: _resolve(v, lib) for k, v in value.items()}
+  if isinstance(value, (tuple, list)):
+    return type(value)(_resolve(v, lib) for v in value)
+  return value
+
+
+def build(entry: Entry, lib=None):
+  """The transformation of ``entry`` built from ``lib`` (default shardopt)."""
+  lib = sys.modules["shardopt"] if lib is None else lib
+  made = getattr(lib, entry.name)(*_resolve(entry.args, lib),
+                                  **_resolve(entry.kwargs, lib))
+  return entry.finish(made) if entry.finish else made
+
+
+# --- The table -------------------------------------------------------------
+
+_SAMPLE_SHAPE = (8, 16)
+_SAMPLE_SPEC = P("data", "model")
+_MESH_SHAPE = (("data", 2), ("model", 4))
+
+
+def implemented(entry: Entry, lib=None) -> bool:
+  """Whether ``lib`` (default shardopt) has the entry's constructor."""
+  return hasattr(sys.modules["shardopt"] if lib is None else lib, entry.name)
+
+
+def _is_state(x) -> bool:
+  return isinstance(x, tuple) and hasattr(x, "_fields")
+
+
+def _holds_states(x) -> bool:
+  """Whether a state field holds inner states (not a tree of arrays)."""
+  if _is_state(x):
+    return True
+  values = x.values() if isinstance(x, dict) else x
+  return isinstance(x, (dict, tuple, list)) and any(
+      _is_state(v) and v._fields for v in values)
+
+
+def describe_state(state) -> str:
+  """The state's NamedTuple types and field names; inner states nested."""
+  if _is_state(state):
+    if not state._fields:
+      return ""
+    fields = []
+    for name in state._fields:
+      value = getattr(state, name)
+      inner = describe_state(value) if _holds_states(value) else ""
+      fields.append(f"{name}={inner}" if inner else name)
+    return f"{type(state).__name__}({', '.join(fields)})"
+  if isinstance(state, dict):
+    parts = [f"{k}: {describe_state(v) or '-'}" for k, v in state.items()]
+    return "{" + ", ".join(parts) + "}"
+  if isinstance(state, (tuple, list)):
+    return " + ".join(d for d in map(describe_state, state) if d)
+  return ""
+
+
+def _leaf_name(state, path) -> str:
+  """A state leaf's path by field names and labels; indices into a sequence
+  of states (a chain's) are dropped, indices into a field's value kept."""
+  parts, node = [], state
+  for key in path:
+    if isinstance(key, jax.tree_util.GetAttrKey):
+      parts.append(f".{key.name}")
+      node = getattr(node, key.name)
+    elif isinstance(key, jax.tree_util.DictKey):
+      parts.append(f"[{key.key!r}]")
+      node = node[key.key]
+    else:
+      if not _holds_states(node):
+        parts.append(f"[{key.idx}]")
+      node = node[key.idx]
+  return "".join(parts).lstrip(".") or "state"
+
+
+def _spec_words(spec) -> str:
+  if tuple(spec) == tuple(_SAMPLE_SPEC):
+    return "as param"
+  if all(entry is None for entry in spec):
+    return "replicated"
+  return str(tuple(spec))
+
+
+def sample_mesh() -> jax.sharding.AbstractMesh:
+  """The abstract (2, 4) ('data', 'model') mesh of the table."""
+  names, sizes = zip(*[(n, s) for n, s in _MESH_SHAPE])
+  return jax.sharding.AbstractMesh(sizes, names)
+
+
+def describe_sharding(tx, state) -> str:
+  """How ``tx``'s ``state`` (abstract) is laid out next to an (8, 16)
+  P('data', 'model') param: leaves grouped by their derived spec."""
+  from shardopt.state_sharding import plan_state_shardings
+  param = jax.ShapeDtypeStruct(_SAMPLE_SHAPE, jnp.float32)
+  plan = plan_state_shardings(tx, param, NamedSharding(sample_mesh(),
+                                                       _SAMPLE_SPEC))
+  paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
+  groups: dict[str, list[str]] = {}
+  for path, leaf in zip(paths, plan.leaves):
+    names = groups.setdefault(_spec_words(leaf.spec), [])
+    if _leaf_name(state, path) not in names:
+      names.append(_leaf_name(state, path))
+  return "; ".join(f"{', '.join(names)}: {words}"
+                   for words, names in groups.items()) or "-"
+
+
+def reference(entry: Entry, lib=None) -> str:
+  """The paper/reference paragraph of the constructor's docstring, or ''."""
+  lib = sys.modules["shardopt"] if lib is None else lib
+  doc = inspect.getdoc(getattr(lib, entry.name)) or ""
+  found = re.search(r"^\s*References?:?\s*(.*?)(?:\n\s*\n|\Z)", doc,
+                    re.MULTILINE | re.DOTALL)
+  return " ".join(found.group(1).split()) if found else ""
+
+
+def _row(entry: Entry) -> str:
+  tx = build(entry)
+  state = jax.eval_shape(tx.init, jax.ShapeDtypeStruct(_SAMPLE_SHAPE,
+                                                       jnp.float32))
+  cells = [f"`{entry.label}`", describe_state(state) or "- (stateless)",
+           describe_sharding(tx, state), "yes" if entry.oracle else "no",
+           reference(entry) or "-"]
+  return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+
+_HEADER = """\
+# shardopt catalogue
+
+Generated from `shardopt/catalogue.py` by
+`python -m shardopt.catalogue > docs/catalogue.md`; a test fails when this
+file differs from a fresh rendering. Every row is proven by
+`tests/test_harness.py`: equal to optax's transformation of the same name
+(column *optax*), state sharded like its param on a (2, 4) mesh, and the
+sharded jitted step equal to the unsharded one.
+
+*State* lists the NamedTuple types of `init`'s state and their fields.
+*Sharding* gives the spec each state leaf derives, by tracing `init`, for one
+(8, 16) float32 param laid out as `P('data', 'model')` on a (2, 4)
+`('data', 'model')` mesh: "as param" means the param's own spec.
+
+| name | state | sharding | optax | reference |
+|---|---|---|---|---|
+"""
+
+
+def render() -> str:
+  """The catalogue table as markdown."""
+  rows = [_row(e) for e in ENTRIES if implemented(e)]
+  missing = sorted({e.label for e in ENTRIES if not implemented(e)})
+  text = _HEADER + "\n".join(rows) + "\n"
+  if missing:
+    text += "\nNot implemented yet: " + ", ".join(
+        f"`{m}`" for m in missing) + ".\n"
+  return text
+
+
+def main() -> None:
+  sys.stdout.write(render())
+
+
+if __name__ == "__main__":
+  main()
