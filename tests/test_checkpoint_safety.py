@@ -163,3 +163,15 @@ def test_restore_with_nothing_saved_is_clear(tmp_path):
       mngr.restore(_small_target())
     with pytest.raises(ck.NoCheckpointError, match="No readable checkpoint"):
       mngr.restore_latest_valid(_small_target())
+
+
+def test_async_save_survives_donating_the_state_right_after(tmp_path):
+  step = jax.jit(lambda s: jax.tree.map(lambda x: x + 1, s), donate_argnums=0)
+  state = jax.device_put(_small(3), NamedSharding(_mesh((2, 4)), P()))
+  with ck.CheckpointManager(tmp_path) as mngr:
+    assert mngr.save(3, state)
+    state = step(state)  # the buffers being saved are donated while the write goes on
+    mngr.wait_until_finished()
+    restored = mngr.restore(_small_target()).state
+  np.testing.assert_array_equal(np.asarray(restored["w"]), np.full((512, 1024), 3, np.float32))
+  np.testing.assert_array_equal(np.asarray(state["w"]), np.full((512, 1024), 4, np.float32))
