@@ -120,6 +120,12 @@ def _initial_state(args, model, abstract, opt, abstract_state, manager):
   return params, opt.init(params), 0
 
 
+def _save(manager, step, params, opt_state, meta) -> int:
+  """Starts an async save of ``step`` (our interval, not orbax's first-step rule)."""
+  manager.save(step, {"params": params, "opt_state": opt_state}, metadata=meta, force=True)
+  return step
+
+
 def run(args: argparse.Namespace) -> int:
   init_distributed(args)
   out = pathlib.Path(args.out)
@@ -132,8 +138,7 @@ def run(args: argparse.Namespace) -> int:
   _describe(args, mesh, rules, specs, abstract, abstract_state)
   manager = checkpoints.CheckpointManager(
       pathlib.Path(args.checkpoint_dir).absolute(),
-      checkpoints.CheckpointPolicy(save_interval_steps=args.checkpoint_every or args.steps,
-                                   keep_last=args.keep_checkpoints))
+      checkpoints.CheckpointPolicy(keep_last=args.keep_checkpoints))
   params, opt_state, start = _initial_state(
       args, model, abstract, opt, abstract_state, manager)
   grad_fn = _grad_step(model, jax.tree.map(lambda a: a.sharding, abstract),
@@ -155,10 +160,10 @@ def run(args: argparse.Namespace) -> int:
         report.append_metrics(metrics_path, {"step": step, "loss": loss, "lr": lr,
                                              "tokens_per_s": speed, "time": time.time()})
       progress.show(step, loss, lr, speed)
-      if manager.save(step, {"params": params, "opt_state": opt_state}, metadata=meta):
-        saved = step
+      if args.checkpoint_every and step % args.checkpoint_every == 0:
+        saved = _save(manager, step, params, opt_state, meta)
     if saved != step:
-      manager.save(step, {"params": params, "opt_state": opt_state}, metadata=meta, force=True)
+      _save(manager, step, params, opt_state, meta)
     manager.wait_until_finished()
   finally:
     stop.restore()
