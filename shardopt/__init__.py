@@ -31,3 +31,5 @@ from shardopt.step import *  # noqa: F401,F403
 from shardopt.adaptive_variants import *  # noqa: F401,F403
 from shardopt.sign_methods import *  # noqa: F401,F403
 from shardopt.direction_rules import *  # noqa: F401,F403
+from shardopt.per_example_clipping import *  # noqa: F401,F403
+from shardopt.unitwise_clipping import *  # noqa: F401,F403
