@@ -2,7 +2,6 @@
 
 import jax
 import jax.numpy as jnp
-import optax
 
 import partitioning
 import shardopt
@@ -35,7 +34,7 @@ def test_7b_adam_state_is_ideally_sharded_and_adafactor_tiny():
   abstract = partitioning.sharded_abstract_params(
       partitioning.decoder_rules("fsdp_tp"), params, mesh)
 
-  adam_state, adam = state_memory(optax.adam(1e-4), abstract)
+  adam_state, adam = state_memory(shardopt.adam(1e-4), abstract)
   print("\n7B decoder, Adam:\n" + adam.table())
   assert adam.num_devices == 256 and adam.params.ratio < 1.02
   assert adam.state.total_bytes == 2 * 4 * 6_738_415_616 + 4
@@ -44,6 +43,6 @@ def test_7b_adam_state_is_ideally_sharded_and_adafactor_tiny():
   assert mu.sharding.spec == jax.sharding.PartitionSpec("fsdp", "model")
   assert mu.sharding.mesh == mesh
 
-  _, adafactor = state_memory(optax.adafactor(1e-4), abstract)
+  _, adafactor = state_memory(shardopt.adafactor(1e-4), abstract)
   print("7B decoder, Adafactor:\n" + adafactor.table())
   assert adafactor.state.per_device_bytes < 0.01 * adam.state.per_device_bytes

@@ -41,13 +41,14 @@ EXPECTED = {
 }
 
 
-def transforms():
+def transforms(lib=shardopt):
+  """The optimizers under test, from shardopt or (foreign) from optax."""
   return {
-      "adam": optax.adam(1e-2),
-      "lamb": optax.lamb(1e-2),
-      "sgd": optax.sgd(1e-2, momentum=0.9),
-      "adafactor": optax.adafactor(1e-2, min_dim_size_to_factor=8),
-      "sm3": optax.sm3(1e-2),
+      "adam": lib.adam(1e-2),
+      "lamb": lib.lamb(1e-2),
+      "sgd": lib.sgd(1e-2, momentum=0.9),
+      "adafactor": lib.adafactor(1e-2, min_dim_size_to_factor=8),
+      "sm3": lib.sm3(1e-2),
   }
 
 
@@ -71,15 +72,16 @@ def by_param(plan):
   return {k: sorted(v, key=str) for k, v in out.items()}
 
 
+@pytest.mark.parametrize("lib", [shardopt, optax], ids=["shardopt", "optax"])
 @pytest.mark.parametrize("mesh_kind", sorted(MESHES))
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_derived_specs(name, mesh_kind):
+def test_derived_specs(name, mesh_kind, lib):
   mesh = MESHES[mesh_kind]()
   shardings = partitioning.named_shardings(mesh, SPECS)
   with warnings.catch_warnings():
     warnings.simplefilter("error")
-    plan = shardopt.plan_state_shardings(transforms()[name], abstract_params(),
-                                         shardings)
+    plan = shardopt.plan_state_shardings(transforms(lib)[name],
+                                         abstract_params(), shardings)
   got = by_param(plan)
   counters = got.pop(None, [])
   assert got == {k: sorted(v, key=str) for k, v in EXPECTED[name].items()}
