@@ -1,4 +1,4 @@
-"""Accumulating past updates: momentum traces and exponential moving averages."""
+"""Accumulating past updates: momentum traces, exponential moving averages."""
 
 from typing import Any, NamedTuple
 
@@ -91,7 +91,9 @@ def ema(
     del params
     new_ema = tree.update_moment(updates, state.ema, decay, 1)
     count = numerics.safe_increment(state.count)
-    updates = compiled_bias_correction(new_ema, decay, count) if debias else new_ema
+    updates = new_ema
+    if debias:
+      updates = compiled_bias_correction(new_ema, decay, count)
     return updates, EmaState(count, tree.tree_cast(new_ema, accumulator_dtype))
 
   return base.GradientTransformation(init_fn, update_fn)

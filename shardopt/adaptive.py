@@ -1,4 +1,4 @@
-"""Per-coordinate adaptive scaling: Adam, RAdam, RMSProp, centred RMSProp, Adagrad.
+"""Per-coordinate adaptive scaling: Adam, RAdam, (centred) RMSProp, Adagrad.
 
 Every moment is created with ``zeros_like``/``full_like`` of the params, so it
 carries the params' shardings.
@@ -57,9 +57,11 @@ def _update_adam_moments(updates, state, b1, b2):
   return count, mu, nu, compiled_bias_correction(nu, b2, count)
 
 
-def _debiased_first_moment(updates, mu, b1, count, nesterov):
-  """mu_hat; with ``nesterov`` (Dozat, 2016) it looks one step ahead:
-  ``b1 * mu / (1 - b1**(t+1)) + (1 - b1) * g / (1 - b1**t)``."""
+def debiased_first_moment(updates, mu, b1, count, nesterov):
+  """Adam's debiased first moment; with ``nesterov`` it looks one step ahead.
+
+  Dozat, 2016: ``b1 * mu / (1 - b1**(t+1)) + (1 - b1) * g / (1 - b1**t)``.
+  """
   if not nesterov:
     return compiled_bias_correction(mu, b1, count)
   return jax.tree.map(
@@ -104,7 +106,7 @@ def scale_by_adam(
   def update_fn(updates, state, params=None):
     del params
     count, mu, nu, nu_hat = _update_adam_moments(updates, state, b1, b2)
-    mu_hat = _debiased_first_moment(updates, mu, b1, count, nesterov)
+    mu_hat = debiased_first_moment(updates, mu, b1, count, nesterov)
     updates = _adam_direction(mu_hat, nu_hat, eps, eps_root)
     mu = tree.tree_cast(mu, mu_dtype)
     nu = tree.tree_cast_like(nu, state.nu)
@@ -146,7 +148,7 @@ def scale_by_radam(
     count, mu, nu, nu_hat = _update_adam_moments(updates, state, b1, b2)
     b2_t = b2**count
     rho = rho_inf - 2 * count * b2_t / (1 - b2_t)
-    mu_hat = _debiased_first_moment(updates, mu, b1, count, nesterov)
+    mu_hat = debiased_first_moment(updates, mu, b1, count, nesterov)
     updates = jax.tree.map(
         lambda r, m: jnp.where(rho >= threshold, r, m),
         rectified(rho, mu_hat, nu_hat),

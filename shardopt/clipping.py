@@ -54,9 +54,9 @@ def clip_by_global_norm(
     del params
     norm = tree.global_norm(updates)
     keep = norm < max_norm
-    return jax.tree.map(
-        lambda u: jax.lax.select(keep, u, (u / norm.astype(u.dtype)) * max_norm),
-        updates,
-    )
+    def clip_leaf(u):
+      return jax.lax.select(keep, u, (u / norm.astype(u.dtype)) * max_norm)
+
+    return jax.tree.map(clip_leaf, updates)
 
   return base.stateless(clip_all)

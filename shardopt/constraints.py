@@ -18,7 +18,7 @@ NonNegativeParamsState = base.EmptyState
 
 
 def require_params(params: base.Params, transform: str) -> None:
-  """Raises a ValueError saying how to call ``transform`` when params is None."""
+  """Raises a ValueError telling how to call ``transform`` without params."""
   if params is None:
     raise ValueError(
         f"{transform} needs the current params: call"

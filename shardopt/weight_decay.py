@@ -9,7 +9,11 @@ from shardopt import base
 from shardopt import numerics
 from shardopt.constraints import require_params
 
-__all__ = ["AddDecayedWeightsState", "WeightDecaySchedule", "add_decayed_weights"]
+__all__ = [
+    "AddDecayedWeightsState",
+    "WeightDecaySchedule",
+    "add_decayed_weights",
+]
 
 AddDecayedWeightsState = base.EmptyState
 

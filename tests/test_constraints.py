@@ -1,4 +1,4 @@
-"""keep_params_nonnegative and zero_nans against optax and hand-computed values."""
+"""keep_params_nonnegative and zero_nans: optax and hand-computed values."""
 
 import jax
 import jax.numpy as jnp
