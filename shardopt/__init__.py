@@ -33,3 +33,4 @@ from shardopt.sign_methods import *  # noqa: F401,F403
 from shardopt.direction_rules import *  # noqa: F401,F403
 from shardopt.per_example_clipping import *  # noqa: F401,F403
 from shardopt.unitwise_clipping import *  # noqa: F401,F403
+from shardopt.monitoring import *  # noqa: F401,F403
