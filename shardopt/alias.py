@@ -130,7 +130,7 @@ def lamb(
   """
   return combine.chain(
       adaptive.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root),
-      weight_decay_lib.add_decayed_weights(weight_decay=weight_decay, mask=mask),
+      weight_decay_lib.add_decayed_weights(weight_decay, mask),
       block_scaling.scale_by_trust_ratio(),
       scaling.scale_by_learning_rate(learning_rate),
   )
@@ -234,8 +234,9 @@ def fromage(
   """
   shrink = lambda lr: 1 / (1 + lr**2) ** 0.5
   if callable(learning_rate):
-    step_size = lambda count: shrink(learning_rate(count)) * learning_rate(count)
-    decay = lambda count: shrink(learning_rate(count)) - 1
+    lr = learning_rate
+    step_size = lambda count: shrink(lr(count)) * lr(count)
+    decay = lambda count: shrink(lr(count)) - 1
   else:
     step_size = learning_rate * shrink(learning_rate)
     decay = shrink(learning_rate) - 1

@@ -29,6 +29,15 @@ def spec_of(aval) -> tuple:
   return tuple(aval.sharding.spec)
 
 
+def assert_update_keeps_specs(tx, params, state, parts) -> None:
+  """``tx.update`` traced on MESH returns ``parts`` of the state unchanged."""
+  with jax.sharding.use_abstract_mesh(MESH):
+    _, new_state = jax.eval_shape(tx.update, params, state, params)
+  for part in parts:
+    before = jax.tree.map(spec_of, getattr(state, part))
+    assert jax.tree.map(spec_of, getattr(new_state, part)) == before, part
+
+
 # min_dim_size_to_factor=2 factors the matrix, the 3-D and the 4-D leaves.
 CASES = [
     dict(),
@@ -84,7 +93,7 @@ def test_bfloat16_state_keeps_param_dtype():
 
 def test_statistics_keep_mesh_axes():
   tx = shardopt.scale_by_factored_rms(min_dim_size_to_factor=2)
-  _, state = abstract_init(tx, {
+  params, state = abstract_init(tx, {
       "wide": ((8, 16), ("data", "model")),
       "tall": ((16, 8), ("data", "model")),
       "conv": ((3, 8, 16), (None, "data", "model")),
@@ -102,6 +111,7 @@ def test_statistics_keep_mesh_axes():
   assert spec_of(state.v_col["conv"]) == (None, "model")
   assert spec_of(state.v["bias"]) == ("model",)
   assert state.v["wide"].shape == (1,)
+  assert_update_keeps_specs(tx, params, state, ["v_row", "v_col", "v"])
 
 
 def test_factored_state_is_sublinear():

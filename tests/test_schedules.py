@@ -1,4 +1,4 @@
-"""Every schedule against optax's, at many steps, jitted and with Python ints."""
+"""Every schedule against optax's at many steps, jitted and on Python ints."""
 
 import jax
 import jax.numpy as jnp
@@ -73,7 +73,8 @@ def _values(schedule, counts):
 
 @pytest.mark.parametrize("name,kwargs", CASES, ids=[c[0] for c in CASES])
 def test_matches_optax(name, kwargs):
-  ours, theirs = getattr(shardopt, name)(**kwargs), getattr(optax, name)(**kwargs)
+  ours = getattr(shardopt, name)(**kwargs)
+  theirs = getattr(optax, name)(**kwargs)
   np.testing.assert_allclose(
       _values(ours, COUNTS), _values(theirs, COUNTS), rtol=1e-6, atol=1e-7)
   for count in PYTHON_COUNTS:

@@ -1,6 +1,5 @@
 """scale_by_sm3 against optax and by hand, and the shardings of its covers."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -8,7 +7,8 @@ import pytest
 
 import shardopt
 from tests import oracle
-from tests.test_factorized import abstract_init, spec_of
+from tests.test_factorized import (
+    abstract_init, assert_update_keeps_specs, spec_of)
 
 
 def _tree_without_scalar():
@@ -61,7 +61,8 @@ def test_matrix_and_scalar_by_hand():
 
 
 def test_covers_keep_mesh_axes():
-  _, state = abstract_init(shardopt.scale_by_sm3(), {
+  tx = shardopt.scale_by_sm3()
+  params, state = abstract_init(tx, {
       "wide": ((8, 16), ("data", "model")),
       "conv": ((3, 8, 16), (None, "model", "data")),
       "bias": ((16,), ("model",)),
@@ -72,6 +73,7 @@ def test_covers_keep_mesh_axes():
       (None,), ("model",), ("data",)]
   assert [spec_of(c) for c in state.mu["bias"]] == [("model",)]
   assert spec_of(state.nu["wide"]) == ("data", "model")
+  assert_update_keeps_specs(tx, params, state, ["mu", "nu"])
 
 
 def test_complex_params_rejected_with_path():
