@@ -73,13 +73,22 @@ def describe(pairs: list[tuple[str, Any]]) -> dict[str, dict]:
   return {name: _spec(name, leaf) for name, leaf in pairs}
 
 
+def _host_local(leaf) -> bool:
+  """An array on this process's devices only (e.g. a key made outside jit) in a multi-process job."""
+  return jax.process_count() > 1 and isinstance(leaf, jax.Array) and leaf.is_fully_addressable
+
+
 def to_saveable(tree: Any) -> dict[str, Any]:
-  """``{leaf name: array}`` as written: keys as raw key data, scalars as numpy."""
+  """``{leaf name: array}`` as written: keys as raw key data, scalars as numpy.
+
+  With several processes, host-local arrays (the same value on every process,
+  like a step counter or a key built outside jit) are written as numpy.
+  """
   out = {}
   for name, leaf in named_leaves(tree):
     if _is_key(leaf):
       leaf = jax.random.key_data(leaf)
-    elif isinstance(leaf, _PY_SCALARS):
+    if isinstance(leaf, _PY_SCALARS) or _host_local(leaf):
       leaf = np.asarray(leaf)
     out[name] = leaf
   return out

@@ -1,17 +1,22 @@
-"""A training process that gets killed during an async checkpoint save.
+"""Subprocess workers for checkpoint tests.
 
-Run as ``python tests/checkpoint_worker.py DIR MODE``. It saves step 1 and
+Killed save: ``python tests/checkpoint_worker.py DIR MODE``. It saves step 1 and
 waits for it, then starts saving step 2 and prints ``SAVING 2``; the test
 SIGKILLs it there. MODE ``mid_write`` is killed while the arrays are being
 written; ``before_finalize`` blocks at orbax's final atomic rename (all data
 written, not yet committed) so the kill lands at the last possible moment.
+
+Two processes: ``python tests/checkpoint_worker.py DIR multihost PORT PID ROLE``
+(4 devices each, 127.0.0.1). ROLE ``both`` saves on (2,4) and restores on (4,2);
+ROLE ``absent`` has process 1 skip the save, so process 0 must time out.
 """
 
 import os
 import sys
 
 if __name__ == "__main__":
-  os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+  DEVICES = 4 if sys.argv[2] == "multihost" else 8
+  os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES}"
   os.environ["JAX_PLATFORMS"] = "cpu"
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -56,5 +61,37 @@ def main(directory: str, mode: str) -> None:
   time.sleep(600)
 
 
+def multihost(directory: str, port: int, pid: int, role: str) -> None:
+  jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid,
+                             initialization_timeout=60, heartbeat_timeout_seconds=10)
+  import checkpoints as ck  # pylint: disable=import-outside-toplevel
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  mesh = jax.make_mesh((2, 4), ("a", "b"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  mngr = ck.CheckpointManager(directory, ck.CheckpointPolicy(timeout_s=5))
+  if role == "absent":
+    if pid == 0:
+      try:
+        mngr.save(1, state_at(1, mesh))
+      except ck.BarrierTimeoutError as e:
+        print("TIMEOUT", str(e).replace("\n", " "), flush=True)
+    else:
+      time.sleep(12)
+    os._exit(0)
+  mngr.save(1, state_at(1, mesh), metadata={"processes": 2})
+  mngr.wait_until_finished()
+  other = jax.make_mesh((4, 2), ("a", "b"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=jax.sharding.NamedSharding(
+      other, P("b", "a") if a.ndim else P())), jax.eval_shape(lambda: state_at(0, other)))
+  restored = mngr.restore(target)
+  got = multihost_utils.process_allgather(restored.state["params"]["w"], tiled=True)
+  want = multihost_utils.process_allgather(state_at(1, mesh)["params"]["w"], tiled=True)
+  print("RESTORED", pid, restored.step, bool((got == want).all()), restored.metadata, flush=True)
+  mngr.close()
+  os._exit(0)
+
+
 if __name__ == "__main__":
-  main(sys.argv[1], sys.argv[2])
+  if sys.argv[2] == "multihost":
+    multihost(sys.argv[1], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
+  else:
+    main(sys.argv[1], sys.argv[2])
