@@ -31,6 +31,9 @@ from shardopt.step import *  # noqa: F401,F403
 from shardopt.adaptive_variants import *  # noqa: F401,F403
 from shardopt.sign_methods import *  # noqa: F401,F403
 from shardopt.direction_rules import *  # noqa: F401,F403
+from shardopt.precision import *  # noqa: F401,F403
+from shardopt.inject import *  # noqa: F401,F403
+from shardopt.trax_optimizers import *  # noqa: F401,F403
 from shardopt.per_example_clipping import *  # noqa: F401,F403
 from shardopt.unitwise_clipping import *  # noqa: F401,F403
 from shardopt.monitoring import *  # noqa: F401,F403
