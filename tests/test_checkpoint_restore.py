@@ -12,8 +12,7 @@ import checkpoints as ck
 import partitioning
 import shardopt
 
-# shardopt.adam / adafactor are being written (shardopt/alias.py); optax's stand in until they land.
-TXS = {"adam": lambda: optax.adam(1e-2), "adafactor": lambda: optax.adafactor(1e-2)}
+TXS = {"adam": lambda: shardopt.adam(1e-2), "adafactor": lambda: shardopt.adafactor(1e-2)}
 SPECS = {"w": P("a", "b"), "b": P("b")}
 
 
