@@ -1,11 +1,15 @@
 """chain, named_chain, partition / multi_transform and selective_transform."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import PartitionSpec as P
 
+import partitioning
 import shardopt
 from tests import oracle
 
@@ -70,7 +74,7 @@ def test_chain_rejects_a_foreign_state():
 
 def test_named_chain_matches_chain_and_keeps_order():
   named = shardopt.named_chain(("zeta", shardopt.ema(0.9)),
-                               ("alpha", optax.scale_by_adam()))
+                               ("alpha", shardopt.scale_by_adam()))
   plain = optax.chain(optax.ema(0.9), optax.scale_by_adam())
   oracle.assert_matches_optax(named, plain, steps=5)
   assert list(named.init(oracle.mixed_tree())) == ["zeta", "alpha"]
@@ -114,7 +118,7 @@ def test_partition_matches_optax(labels_as_fn, jit, with_params):
   labels = _by_rank if labels_as_fn else _by_rank(oracle.mixed_tree())
   ours = shardopt.partition(
       {"low": shardopt.chain(shardopt.ema(0.9), shardopt.scale(-0.1)),
-       "high": optax.scale_by_adam()}, labels)
+       "high": shardopt.scale_by_adam()}, labels)
   theirs = optax.partition(
       {"low": optax.chain(optax.ema(0.9), optax.scale(-0.1)),
        "high": optax.scale_by_adam()}, labels)
@@ -145,8 +149,37 @@ def test_partition_names_unlabelled_paths():
 @pytest.mark.parametrize("jit", [True, False])
 def test_selective_transform_matches_optax(jit):
   freeze_mask = jax.tree.map(lambda p: p.ndim == 2, oracle.mixed_tree())
-  ours = shardopt.selective_transform(optax.adam(0.1), freeze_mask=freeze_mask)
+  ours = shardopt.selective_transform(shardopt.adam(0.1),
+                                     freeze_mask=freeze_mask)
   theirs = optax.selective_transform(optax.adam(0.1), freeze_mask=freeze_mask)
   oracle.assert_matches_optax(ours, theirs, jit=jit)
   updates, _ = ours.update(oracle.mixed_tree(1), ours.init(oracle.mixed_tree()))
   assert not np.any(np.asarray(updates["dense"]["kernel"]))
+
+
+def test_state_of_all_wrappers_follows_param_shardings():
+  """Each wrapper's state is built from the params, so specs can be derived."""
+  mesh = partitioning.make_abstract_mesh({"data": 2, "model": 4})
+  specs = {"w": P(None, "model"), "b": P("model")}
+  params = {"w": jax.ShapeDtypeStruct((8, 16), jnp.float32),
+            "b": jax.ShapeDtypeStruct((16,), jnp.float32)}
+  inner = shardopt.partition(
+      {"matrix": shardopt.apply_if_finite(shardopt.adam(0.1), 2),
+       "vector": shardopt.masked(shardopt.ema(0.9), {"w": False, "b": True})},
+      {"w": "matrix", "b": "vector"})
+  tx = shardopt.MultiSteps(
+      shardopt.chain(shardopt.apply_every(2), inner,
+                     shardopt.conditionally_mask(shardopt.trace(0.9),
+                                                 lambda step: step > 0)), 4)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")  # no state less sharded than its param
+    plan = shardopt.plan_state_shardings(
+        tx, params, partitioning.named_shardings(mesh, specs))
+  mirrors = {}
+  for leaf in plan.leaves:
+    if leaf.param is not None:
+      mirrors.setdefault(leaf.param, set()).add(leaf.spec)
+  assert mirrors == {"['w']": {specs["w"]}, "['b']": {specs["b"]}}
+  # acc_grads + apply_every + adam (mu, nu) + trace for w; + ema for b.
+  counts = {p: sum(l.param == p for l in plan.leaves) for p in mirrors}
+  assert counts == {"['w']": 5, "['b']": 4}

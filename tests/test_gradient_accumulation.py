@@ -51,7 +51,7 @@ def test_apply_every_matches_optax(jit, with_params):
 
 
 def _multi_steps(module, **kwargs):
-  return module.MultiSteps(module.chain(optax.scale_by_adam(), module.scale(-LR)),
+  return module.MultiSteps(module.chain(module.scale_by_adam(), module.scale(-LR)),
                            **kwargs)
 
 

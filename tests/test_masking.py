@@ -58,7 +58,7 @@ def test_inner_state_holds_only_unmasked_leaves():
 
 def test_update_that_needs_params():
   decay = 0.1
-  tx = shardopt.masked(optax.add_decayed_weights(decay), MASK)
+  tx = shardopt.masked(shardopt.add_decayed_weights(decay), MASK)
   params = _params()
   state = tx.init(params)
   updates = jax.tree.map(lambda p: p / 10, params)
@@ -72,7 +72,7 @@ def test_update_that_needs_params():
 
 def test_mask_fn_by_rank():
   params = {"a": jnp.ones((1, 2)), "b": (jnp.ones((1,)), jnp.ones((1, 2, 3)))}
-  tx = shardopt.masked(optax.add_decayed_weights(0.1),
+  tx = shardopt.masked(shardopt.add_decayed_weights(0.1),
                        lambda p: jax.tree.map(lambda x: x.ndim > 1, p))
   grads = jax.tree.map(lambda x: 2 * x, params)
   updates, _ = tx.update(grads, tx.init(params), params)
@@ -114,7 +114,7 @@ def test_mismatch_of_node_types_is_reported():
 @pytest.mark.parametrize("jit", [True, False])
 def test_masked_matches_optax(jit, with_params):
   mask = lambda p: jax.tree.map(lambda x: x.ndim != 1, p)
-  ours = shardopt.masked(optax.scale_by_adam(), mask)
+  ours = shardopt.masked(shardopt.scale_by_adam(), mask)
   theirs = optax.masked(optax.scale_by_adam(), mask)
   oracle.assert_matches_optax(ours, theirs, jit=jit, with_params=with_params)
 
