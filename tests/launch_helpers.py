@@ -20,7 +20,8 @@ def child_env() -> dict:
   """Environment for a job subprocess: no inherited device count, shared compile cache."""
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   env.update(JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1",
-             JAX_COMPILATION_CACHE_DIR=str(ROOT / ".jax_cache"))
+             JAX_COMPILATION_CACHE_DIR=str(ROOT / ".jax_cache"),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5")
   return env
 
 
