@@ -4,7 +4,8 @@ Both run through ``shardopt.make_sharded_optimizer`` (same shardings, same
 donation), so the ratio compares the transformations' compiled update alone.
 8 simulated CPU devices on a ('data': 2, 'model': 4) mesh; every array length
 is even (odd lengths run 3-4x slower on XLA:CPU). The two are measured in
-alternating rounds in one process, so machine noise hits both alike.
+alternating rounds in one process (each going first in every other round), so
+machine noise hits both alike.
 
 Run from the repository root:  python -m benchmarks.step_time [--steps N]
 Writes benchmarks/results/step_time.md.
@@ -18,6 +19,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse  # noqa: E402
 import pathlib  # noqa: E402
+import re  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -63,6 +65,12 @@ class Runner:
     self.grads = grads
     compiled = self.opt.update.lower(grads, self.state, self.params).compile()
     self.temp_bytes = compiled.memory_analysis().temp_size_in_bytes
+    text = compiled.as_text()
+    self.fusions = text.split("ENTRY", 1)[1].count(" fusion(")
+    # The computations, without source locations (which differ by library).
+    self.program = [re.sub(r", metadata=\{[^}]*\}", "", line)
+                    for line in text.splitlines()
+                    if line.startswith(("%", " ", "ENTRY", "}"))]
 
   def step_seconds(self) -> float:
     start = time.perf_counter()
@@ -103,14 +111,18 @@ def main():
         runner.step_seconds()
     times = [[], []]
     per_round = max(1, args.steps // args.rounds)
-    for _ in range(args.rounds):
-      for runner, out in zip(runners, times):
+    for round_ in range(args.rounds):  # who goes first alternates too
+      pairs = list(zip(runners, times))
+      for runner, out in pairs[::-1] if round_ % 2 else pairs:
         out.extend(runner.step_seconds() for _ in range(per_round))
     ours, theirs = (statistics.median(t) for t in times)
-    rows.append((name, ours, theirs, runners[0].temp_bytes,
-                 runners[1].temp_bytes))
+    fastest = [min(t) for t in times]
+    same = "yes" if runners[0].program == runners[1].program else "no"
+    rows.append((name, ours, theirs, fastest[0] / fastest[1],
+                 *(f"{r.fusions} / {r.temp_bytes:,}" for r in runners), same))
     print(f"{name:<10} shardopt {ours * 1e3:7.2f} ms  optax "
-          f"{theirs * 1e3:7.2f} ms  ratio {ours / theirs:.3f}", flush=True)
+          f"{theirs * 1e3:7.2f} ms  ratio {ours / theirs:.3f} (of minima "
+          f"{fastest[0] / fastest[1]:.3f})", flush=True)
 
   command = "python -m benchmarks.step_time " + " ".join(sys.argv[1:])
   lines = [
@@ -123,13 +135,18 @@ def main():
       "`shardopt.make_sharded_optimizer` (same shardings, donated state and "
       f"params); 5 warm-up steps, then the median of {args.steps} steps each, "
       f"in {args.rounds} alternating rounds. jax {jax.__version__}, "
-      f"optax {optax.__version__}.",
+      f"optax {optax.__version__}. Machine load (1-min average) "
+      f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores: timings on a "
+      "shared machine are noisy; the compiled steps' fusion counts, "
+      "temporaries and programs (compared without source locations) are "
+      "not.",
       "",
-      "| optimizer | shardopt (ms) | optax (ms) | ratio | temp bytes "
-      "(shardopt / optax) |",
-      "|---|---|---|---|---|",
-  ] + [f"| {n} | {a * 1e3:.2f} | {b * 1e3:.2f} | {a / b:.3f} | {ta} / {tb} |"
-       for n, a, b, ta, tb in rows]
+      "| optimizer | shardopt median (ms) | optax median (ms) | ratio | "
+      "ratio of minima | shardopt fusions / temp bytes | "
+      "optax fusions / temp bytes | same compiled program |",
+      "|---|---|---|---|---|---|---|---|",
+  ] + [f"| {n} | {a * 1e3:.2f} | {b * 1e3:.2f} | {a / b:.3f} | {m:.3f} | "
+       f"{x} | {y} | {z} |" for n, a, b, m, x, y, z in rows]
   RESULTS.parent.mkdir(parents=True, exist_ok=True)
   RESULTS.write_text("\n".join(lines) + "\n")
   print(f"wrote {RESULTS}")
