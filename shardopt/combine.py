@@ -24,7 +24,9 @@ __all__ = [
 ]
 
 
-def chain(*args: base.GradientTransformation) -> base.GradientTransformationExtraArgs:
+def chain(
+    *args: base.GradientTransformation,
+) -> base.GradientTransformationExtraArgs:
   """Applies the transformations one after the other; the state is a tuple."""
   parts = [base.with_extra_args_support(tx) for tx in args]
 
@@ -84,7 +86,8 @@ def _check_labels(labels: Any, known: Mapping) -> None:
       if label not in known
   ]
   if unknown:
-    shown = ", ".join(f"{path or '<root>'}: {label!r}" for path, label in unknown[:5])
+    shown = ", ".join(
+        f"{path or '<root>'}: {label!r}" for path, label in unknown[:5])
     raise ValueError(
         f"some params have labels with no transformation ({shown}); the"
         f" transformations are keyed {sorted(map(repr, known))}: add one for"

@@ -46,7 +46,8 @@ def _describe_mismatch(mask: Mask, tree: Any) -> str:
   for path in tree_paths:
     if not any(path[:i] in mask_paths for i in range(len(path) + 1)):
       return f"the params have {keystr(path)} but the mask has no entry for it"
-  tree_prefixes = {path[:i] for path in tree_paths for i in range(len(path) + 1)}
+  tree_prefixes = {
+      path[:i] for path in tree_paths for i in range(len(path) + 1)}
   for path in _paths(mask):
     if path not in tree_prefixes:
       return f"the mask has {keystr(path)} but the params have no such entry"

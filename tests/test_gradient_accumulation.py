@@ -51,8 +51,8 @@ def test_apply_every_matches_optax(jit, with_params):
 
 
 def _multi_steps(module, **kwargs):
-  return module.MultiSteps(module.chain(module.scale_by_adam(), module.scale(-LR)),
-                           **kwargs)
+  return module.MultiSteps(
+      module.chain(module.scale_by_adam(), module.scale(-LR)), **kwargs)
 
 
 @pytest.mark.parametrize("use_grad_mean,jit,with_params",

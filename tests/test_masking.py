@@ -18,7 +18,7 @@ def _params():
 
 
 def _negate():
-  """Stateless negation, or a stateful one (trace with decay 0) — same numbers."""
+  """Negation, stateless or stateful (trace with decay 0): the same numbers."""
   return {"scale": shardopt.scale(-1.0),
           "trace": shardopt.chain(shardopt.trace(0.0), shardopt.scale(-1.0))}
 
