@@ -205,8 +205,20 @@ def _abstract_state(tx, params, spec_leaves, params_def, mesh):
       jax.ShapeDtypeStruct(p.shape, p.dtype,
                            sharding=NamedSharding(explicit, spec))
       for p, spec in zip(jax.tree.leaves(params), spec_leaves)])
-  with jax.sharding.use_abstract_mesh(explicit):
-    return jax.eval_shape(tx.init, abstract)
+  try:
+    with jax.sharding.use_abstract_mesh(explicit):
+      return jax.eval_shape(tx.init, abstract)
+  except Exception as err:  # jax's ShardingTypeError is not public
+    if type(err).__name__ != "ShardingTypeError":
+      raise
+    warnings.warn(
+        f"tx.init cannot be traced on the params' shardings ({err}); its "
+        "whole state is laid out replicated. Build state with "
+        "sharding-preserving ops (zeros_like, reductions of the param) to "
+        "have it sharded.", ReplicatedStateWarning, stacklevel=3)
+  unsharded = [jax.ShapeDtypeStruct(p.shape, p.dtype)
+               for p in jax.tree.leaves(params)]
+  return jax.eval_shape(tx.init, jax.tree.unflatten(params_def, unsharded))
 
 
 def _owners(state, params_def) -> list[int | None]:

@@ -168,3 +168,22 @@ def test_report_is_printable():
   # mu and nu of embedding: 64/4 x 32 floats each per device.
   mine = sum(l.device_bytes for l in plan.leaves if l.param == E)
   assert mine == 2 * 16 * 32 * 4
+
+
+def test_init_that_cannot_follow_shardings_falls_back_to_replicated_loudly():
+  """A Gram-matrix state (p.T @ p) has no layout JAX can infer from a
+  sharded contracting dimension: the plan says so and replicates."""
+  mesh = MESHES["abstract"]()
+  shardings = partitioning.named_shardings(mesh, SPECS)
+  gram = optax.GradientTransformation(
+      lambda params: jax.tree.map(lambda p: p.T @ p if p.ndim == 2 else p,
+                                  params),
+      lambda g, state, params=None: (g, state))
+  with pytest.warns(shardopt.ReplicatedStateWarning) as record:
+    plan = shardopt.plan_state_shardings(gram, abstract_params(), shardings)
+  first, second = (str(w.message) for w in record)
+  assert "cannot be traced on the params' shardings" in first
+  assert "less sharded than it" in second and B in second  # the copied bias
+  assert plan.under_sharded == (B,)
+  assert plan.shardings["embedding"].spec == P(None, None)
+  assert plan.shardings["embedding"].mesh == mesh
