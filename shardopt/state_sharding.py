@@ -8,7 +8,9 @@ moments get their param's spec, Adafactor's row/column statistics keep the
 mesh axis of the dimension they keep, SM3's covers keep their dimension's
 axis and counters come out replicated. The specs are then rebuilt on the
 user's mesh (Auto or Explicit axes, or an ``AbstractMesh``). Foreign (optax)
-transformations are handled the same way.
+transformations are handled the same way. An init that JAX cannot trace on
+sharded params (e.g. ``p.T @ p`` over a sharded dimension) gets replicated
+state, with a warning.
 
 Which state leaf belongs to which param: a state subtree belongs to the
 params when the params' tree structure is a prefix of it (as in
@@ -16,7 +18,8 @@ params when the params' tree structure is a prefix of it (as in
 nodes fit). Every leaf below a param's position *derives* from that param; a
 derived leaf with the param's shape *mirrors* it. A mirror that comes out
 less sharded than its param (state built from a bare shape) is reported with
-a ``ReplicatedStateWarning``, never silently.
+a ``ReplicatedStateWarning``, never silently. (Params given as one bare
+array make every state leaf derive from it; only shape then tells mirrors.)
 
 ZeRO (``shard_state_over='data'``): every mirror additionally shards over
 that mesh axis, on its largest dimension that is free (``None`` in the spec)
