@@ -109,7 +109,11 @@ def _grad_step(model, param_shardings, replicated):
 
 def _initial_state(args, model, abstract, opt, abstract_state, manager):
   """(params, opt_state, first step): fresh from --seed, or the latest checkpoint."""
-  latest = manager.latest_step() if args.resume else None
+  latest = manager.latest_step()
+  if latest is not None and not args.resume:
+    raise SystemExit(f"{args.checkpoint_dir} already holds checkpoints (latest step {latest}):"
+                     " pass --resume to continue from it, or choose another --out or"
+                     " --checkpoint-dir (or delete it) to start afresh.")
   if latest is not None:
     restored = manager.restore({"params": abstract, "opt_state": abstract_state}, latest)
     _say(f"resumed from step {latest} ({args.checkpoint_dir})")
@@ -147,6 +151,8 @@ def run(args: argparse.Namespace) -> int:
   metrics_path = out / "metrics.jsonl"
   progress = report.Progress(args.steps, args.batch * (args.seq_len - 1), args.log_every,
                              quiet=jax.process_index() != 0)
+  if jax.process_index() == 0:
+    report.truncate_metrics(metrics_path, start)
   meta = {"seed": args.seed, "optimizer": args.optimizer, "mesh": dict(mesh.shape)}
   stop, step, saved = StopRequest(), start, start
   try:

@@ -5,7 +5,7 @@ import pathlib
 import sys
 import time
 
-__all__ = ["Progress", "append_metrics", "plot_losses", "read_metrics"]
+__all__ = ["Progress", "append_metrics", "plot_losses", "read_metrics", "truncate_metrics"]
 
 
 def append_metrics(path: pathlib.Path, record: dict) -> None:
@@ -22,6 +22,13 @@ def read_metrics(path: pathlib.Path) -> list[dict]:
     record = json.loads(line)
     by_step[record["step"]] = record
   return [by_step[step] for step in sorted(by_step)]
+
+
+def truncate_metrics(path: pathlib.Path, last_step: int) -> None:
+  """Keeps the records of steps up to ``last_step`` (a run starting after it)."""
+  path = pathlib.Path(path)
+  kept = read_metrics(path) if path.exists() else []
+  path.write_text("".join(json.dumps(r) + "\n" for r in kept if r["step"] <= last_step))
 
 
 def plot_losses(metrics_path: pathlib.Path, png_path: pathlib.Path) -> None:
