@@ -250,8 +250,10 @@ _MESH_SHAPE = (("data", 2), ("model", 4))
 
 
 def implemented(entry: Entry, lib=None) -> bool:
-  """Whether ``lib`` (default shardopt) has the entry's constructor."""
-  return hasattr(sys.modules["shardopt"] if lib is None else lib, entry.name)
+  """Whether ``lib`` (default shardopt) has the entry's constructor (not a
+  submodule of that name)."""
+  lib = sys.modules["shardopt"] if lib is None else lib
+  return not inspect.ismodule(getattr(lib, entry.name, inspect))
 
 
 def _is_state(x) -> bool:

@@ -1,0 +1,241 @@
+"""The harness: every entry of shardopt.catalogue proven three ways.
+
+(a) equal to optax's transformation of the same name, same arguments, for 20
+    steps on oracle.mixed_tree(), jitted and not;
+(b) its state shardings, derived on a (2, 4) ('data', 'model') mesh, leave no
+    state leaf larger than its param's shard replicated while the param is
+    sharded (and no mirror less sharded than its param);
+(c) the step jitted under those shardings equals the unsharded jitted step:
+    each element within 1e-6 of its value or of the largest magnitude in its
+    leaf (sharded norms and sums add in another order, so an element that
+    is a small difference of large terms may differ by more than 1e-6 of
+    itself, but not of its leaf).
+
+Known failures are listed, each with its reason, in EXCEPTIONS only; they
+run as strict xfails, so an exception that no longer fails is reported.
+"""
+
+import inspect
+import pathlib
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import shardopt
+from shardopt import catalogue
+from tests import oracle
+
+# (label, check) -> why the check fails for that entry; check is one of
+# "optax", "sharding", "sharded_step".
+_OPTAX_SM3_SCALARS = (
+    "optax's SM3 raises IndexError on a scalar param (its per-axis covers of "
+    "a 0-d param are an empty list) and oracle.mixed_tree() has one; "
+    "tests/test_sm3.py compares with optax on that tree with the scalar as a "
+    "(1,) vector")
+EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("scale_by_sm3", "optax"): _OPTAX_SM3_SCALARS,
+    ("sm3", "optax"): _OPTAX_SM3_SCALARS,
+}
+
+_DOC = pathlib.Path(__file__).resolve().parent.parent / "docs" / "catalogue.md"
+_SHARDED_STEPS = 3
+
+
+def _cases(check, entries=catalogue.ENTRIES):
+  cases = []
+  for entry in entries:
+    reason = EXCEPTIONS.get((entry.label, check))
+    marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+    cases.append(pytest.param(entry, id=entry.label.replace(" (", ":")
+                              .rstrip(")"), marks=marks))
+  return cases
+
+
+def _build(entry, lib=shardopt):
+  if not catalogue.implemented(entry, lib):
+    pytest.skip(f"{entry.name} is not implemented in {lib.__name__} yet")
+  return catalogue.build(entry, lib)
+
+
+def _objective(params) -> jax.Array:
+  """Bounded below, not quadratic: f = sum(p^2 / 4 + sin(3 p) / 10)."""
+  return sum(jnp.sum(0.25 * p * p + 0.1 * jnp.sin(3.0 * p))
+             for p in jax.tree.leaves(params))
+
+
+def _objective_step(tx, entry):
+  """``(params, state) -> (new_params, new_state, updates)``: one step on
+  the objective's gradient, with the extra args the entry asks for."""
+
+  def step(params, state):
+    value, grad = jax.value_and_grad(_objective)(params)
+    extra = {"value": value, "grad": grad, "value_fn": _objective}
+    kwargs = {name: extra[name] for name in entry.extra_args}
+    updates, state = tx.update(grad, state, params, **kwargs)
+    return shardopt.apply_updates(params, updates), state, updates
+
+  return step
+
+
+def _run_objective(tx, entry, params, steps, *, jit):
+  step = _objective_step(tx, entry)
+  step = jax.jit(step) if jit else step
+  state = (jax.jit(tx.init) if jit else tx.init)(params)
+  history = []
+  for _ in range(steps):
+    params, state, updates = step(params, state)
+    history.append(updates)
+  return history
+
+
+# --- (a) equal to optax -----------------------------------------------------
+
+@pytest.mark.parametrize("jit", [True, False], ids=["jit", "eager"])
+@pytest.mark.parametrize(
+    "entry", _cases("optax", [e for e in catalogue.ENTRIES if e.oracle]))
+def test_matches_optax(entry, jit):
+  ours, theirs = _build(entry), catalogue.build(entry, optax)
+  if not entry.extra_args:
+    oracle.assert_matches_optax(ours, theirs, steps=20, jit=jit)
+    return
+  params = oracle.mixed_tree()
+  got = _run_objective(ours, entry, params, 20, jit=jit)
+  want = _run_objective(theirs, entry, params, 20, jit=jit)
+  for step, (g, w) in enumerate(zip(got, want)):
+    try:
+      oracle.assert_trees_close(g, w)
+    except AssertionError as err:
+      raise AssertionError(f"step {step}: {err}") from None
+
+
+# --- (b), (c) on the (2, 4) mesh --------------------------------------------
+
+_LAYOUT = {  # param name -> (shape, spec); every dim divides the mesh
+    "w": ((8, 16), P("data", "model")),
+    "b": ((16,), P("model")),
+    "k": ((4, 8, 16), P(None, "data", "model")),
+    "s": ((), P()),
+}
+
+
+def _mesh():
+  return jax.make_mesh((2, 4), ("data", "model"),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
+def _sharded_params(mesh):
+  keys = jax.random.split(jax.random.PRNGKey(7), len(_LAYOUT))
+  params, shardings = {}, {}
+  for key, (name, (shape, spec)) in zip(keys, _LAYOUT.items()):
+    shardings[name] = NamedSharding(mesh, spec)
+    params[name] = jax.device_put(jax.random.normal(key, shape), shardings[name])
+  return params, shardings
+
+
+def _plan(tx, params, shardings):
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", shardopt.ReplicatedStateWarning)
+    return shardopt.plan_state_shardings(tx, params, shardings)
+
+
+def _shard_size(shape, spec, mesh) -> int:
+  return int(np.prod(NamedSharding(mesh, spec).shard_shape(shape)))
+
+
+@pytest.mark.parametrize("entry", _cases("sharding"))
+def test_state_follows_param_sharding(entry):
+  tx = _build(entry)
+  mesh = _mesh()
+  params = {k: jax.ShapeDtypeStruct(s, jnp.float32) for k, (s, _) in
+            _LAYOUT.items()}
+  shardings = {k: NamedSharding(mesh, spec) for k, (_, spec) in
+               _LAYOUT.items()}
+  plan = _plan(tx, params, shardings)
+  layout = {f"[{k!r}]": (s, spec) for k, (s, spec) in _LAYOUT.items()}
+  largest_shard = max(_shard_size(s, spec, mesh) for s, spec in
+                      _LAYOUT.values())
+  problems = [f"{path}: less sharded than its param" for path in
+              plan.under_sharded]
+  for leaf in plan.leaves:
+    size = int(np.prod(leaf.shape))
+    if any(leaf.spec):
+      continue
+    if leaf.param is None:
+      if size > largest_shard:
+        problems.append(f"{leaf.path} {leaf.shape}: replicated, derives from"
+                        f" no param, larger than any param shard")
+      continue
+    shape, spec = layout[leaf.param]
+    if any(spec) and size > _shard_size(shape, spec, mesh):
+      problems.append(f"{leaf.path} {leaf.shape}: replicated while params"
+                      f"{leaf.param} is sharded {spec}")
+  assert not problems, "\n".join(problems) + f"\n{plan}"
+
+
+def _comparable(tree):
+  """Floats as float32 numpy, PRNG keys as their raw data."""
+  def convert(x):
+    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+      x = jax.random.key_data(x)
+    x = np.asarray(jax.device_get(x))
+    return x.astype(np.float32) if np.issubdtype(x.dtype, np.floating) else x
+  return jax.tree.map(convert, tree)
+
+
+@pytest.mark.parametrize("entry", _cases("sharded_step"))
+def test_sharded_step_matches_unsharded(entry):
+  tx = _build(entry)
+  mesh = _mesh()
+  params, shardings = _sharded_params(mesh)
+  plan = _plan(tx, params, shardings)
+  step = _objective_step(tx, entry)
+  sharded = jax.jit(step, in_shardings=(shardings, plan.shardings),
+                    out_shardings=(shardings, plan.shardings, shardings))
+  plain = jax.jit(step)
+  host = jax.device_get(params)
+  got = (params, shardopt.sharded_init(tx, shardings, plan.shardings)(params))
+  want = (host, jax.jit(tx.init)(host))
+  for _ in range(_SHARDED_STEPS):
+    got = sharded(*got)[:2]
+    want = plain(*want)[:2]
+  for leaf, expected in zip(jax.tree.leaves(got[1]),
+                            jax.tree.leaves(plan.shardings)):
+    assert leaf.sharding.is_equivalent_to(expected, leaf.ndim)
+  _assert_close_to_leaf_scale(_comparable(got), _comparable(want))
+
+
+def _assert_close_to_leaf_scale(got, want, tol=1e-6):
+  assert jax.tree.structure(got) == jax.tree.structure(want)
+  for (path, g), w in zip(jax.tree_util.tree_flatten_with_path(got)[0],
+                          jax.tree.leaves(want)):
+    scale = float(np.max(np.abs(w), initial=0.0)) if w.dtype.kind == "f" else 0
+    np.testing.assert_allclose(g, w, rtol=tol, atol=tol * scale,
+                               err_msg=jax.tree_util.keystr(path))
+
+
+# --- the catalogue itself ---------------------------------------------------
+
+def _returns_transformation(obj) -> bool:
+  if not inspect.isfunction(obj):
+    return False
+  returned = inspect.signature(obj).return_annotation
+  return "GradientTransformation" in str(returned)
+
+
+def test_every_public_transformation_has_an_entry():
+  named = {e.name for e in catalogue.ENTRIES}
+  public = {n for n in dir(shardopt) if not n.startswith("_")
+            and _returns_transformation(getattr(shardopt, n))}
+  assert public - named == set(), "add an Entry to shardopt/catalogue.py"
+
+
+def test_catalogue_doc_is_fresh():
+  assert _DOC.read_text() == catalogue.render(), (
+      "docs/catalogue.md is stale: run "
+      "`python -m shardopt.catalogue > docs/catalogue.md`")
