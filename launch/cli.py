@@ -3,6 +3,8 @@ the job can set XLA_FLAGS (simulated CPU devices) from the arguments first."""
 
 import argparse
 import os
+import pathlib
+import time
 
 __all__ = ["parse_args", "set_cpu_devices"]
 
@@ -57,8 +59,9 @@ def _parser() -> argparse.ArgumentParser:
   g.add_argument("--steps", type=int, default=200)
   g.add_argument("--seed", type=int, default=0, help="init and data order")
   g = p.add_argument_group("outputs and checkpoints")
-  g.add_argument("--out", default="runs/lm",
-                 help="metrics.jsonl, loss.png and (by default) checkpoints go here")
+  g.add_argument("--out", default=None,
+                 help="metrics.jsonl, loss.png and (by default) checkpoints go here;"
+                 " default: a new runs/lm-<time> (with --resume: the newest runs/lm-*)")
   g.add_argument("--checkpoint-dir", default=None, help="default: OUT/checkpoints")
   g.add_argument("--checkpoint-every", type=int, default=50, help="0: only at the end")
   g.add_argument("--keep-checkpoints", type=int, default=3, help="keep the newest N")
@@ -83,8 +86,21 @@ def _parser() -> argparse.ArgumentParser:
   return p
 
 
+def _default_out(args: argparse.Namespace) -> str:
+  """A new timestamped run folder, or with --resume the newest one."""
+  if args.coordinator or args.auto_distributed or (args.num_processes or 1) > 1:
+    raise SystemExit("a multi-process job needs --out (the same folder for every process)")
+  if args.resume:
+    earlier = sorted(pathlib.Path("runs").glob("lm-*"))
+    if earlier:
+      return str(earlier[-1])
+  return time.strftime("runs/lm-%Y%m%d-%H%M%S")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
   args = _parser().parse_args(argv)
+  if args.out is None:
+    args.out = _default_out(args)
   if args.checkpoint_dir is None:
     args.checkpoint_dir = os.path.join(args.out, "checkpoints")
   return args

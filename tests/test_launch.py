@@ -46,3 +46,15 @@ def test_sigterm_saves_and_resume_matches_uninterrupted_run(tmp_path):
                                "--steps", str(stopped + 2))
   np.testing.assert_allclose(resumed, reference, rtol=1e-6)
   assert reference[-1] < reference[0] - 0.5
+
+
+def test_default_out_is_a_new_run_folder_and_resume_takes_the_newest(tmp_path, monkeypatch):
+  from launch import cli
+  monkeypatch.chdir(tmp_path)
+  fresh = cli.parse_args([])
+  assert fresh.out.startswith("runs/lm-") and fresh.checkpoint_dir == f"{fresh.out}/checkpoints"
+  for name in ("lm-20260101-000000", "lm-20260102-000000"):
+    (tmp_path / "runs" / name).mkdir(parents=True)
+  assert cli.parse_args(["--resume"]).out == "runs/lm-20260102-000000"
+  with pytest.raises(SystemExit, match="needs --out"):
+    cli.parse_args(["--num-processes", "2"])
