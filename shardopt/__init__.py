@@ -37,3 +37,6 @@ from shardopt.trax_optimizers import *  # noqa: F401,F403
 from shardopt.per_example_clipping import *  # noqa: F401,F403
 from shardopt.unitwise_clipping import *  # noqa: F401,F403
 from shardopt.monitoring import *  # noqa: F401,F403
+from shardopt.linesearch import *  # noqa: F401,F403
+from shardopt.zoom_linesearch import *  # noqa: F401,F403
+from shardopt.lbfgs import *  # noqa: F401,F403
