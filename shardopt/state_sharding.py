@@ -67,7 +67,7 @@ class StatePlan(NamedTuple):
   shardings: Any  # NamedSharding tree with the structure of tx.init(params)
   leaves: tuple[LeafPlan, ...]
   axis: str | None  # the ZeRO axis, if one was asked for
-  under_sharded: tuple[str, ...]  # mirrors less sharded than their param
+  under_sharded: tuple[str, ...]  # derived leaves less sharded than their param
 
   @property
   def zero_sharded(self) -> tuple[LeafPlan, ...]:
@@ -155,11 +155,12 @@ def plan_state_shardings(tx, params, param_shardings, *,
       for (path, leaf), owner in zip(state_leaves, owners)]
   under = tuple(
       pl.path for pl, owner in zip(plans, owners)
-      if pl.mirrors and not _axes(spec_leaves[owner]) <= _axes(pl.spec))
+      if owner is not None and _under_sharded(
+          pl, param_leaves[owner], spec_leaves[owner], mesh))
   if under:
     warnings.warn(
-        "these optimizer-state leaves have their param's shape but are less "
-        "sharded than it (was the state built from a bare shape, e.g. "
+        "these optimizer-state leaves are less sharded than the param they "
+        "derive from (was the state built from a bare shape, e.g. "
         "jnp.zeros(p.shape), instead of jnp.zeros_like(p)?): "
         + ", ".join(under), ReplicatedStateWarning, stacklevel=2)
   shardings = jax.tree.unflatten(
@@ -253,6 +254,18 @@ def _plan_leaf(path, leaf, param, param_path, mesh, axis):
       spec = P(*entries)
   return LeafPlan(path, tuple(leaf.shape), leaf.dtype, spec, param_path,
                   mirrors, zero, _device_bytes(leaf, spec, mesh))
+
+
+def _under_sharded(plan: LeafPlan, param, param_spec, mesh) -> bool:
+  """A mirror missing one of its param's mesh axes, or any other derived
+  leaf that is replicated while its param is sharded and holds more elements
+  than one shard of the param (small statistics may replicate)."""
+  if plan.mirrors:
+    return not _axes(param_spec) <= _axes(plan.spec)
+  if not _axes(param_spec) or _axes(plan.spec):
+    return False
+  param_shard = _device_bytes(param, param_spec, mesh) // param.dtype.itemsize
+  return math.prod(plan.shape) > param_shard
 
 
 def _zero_dim(shape, spec, mirrors, axis, size) -> tuple[str, int | None]:

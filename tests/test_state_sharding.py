@@ -183,7 +183,26 @@ def test_init_that_cannot_follow_shardings_falls_back_to_replicated_loudly():
     plan = shardopt.plan_state_shardings(gram, abstract_params(), shardings)
   first, second = (str(w.message) for w in record)
   assert "cannot be traced on the params' shardings" in first
-  assert "less sharded than it" in second and B in second  # the copied bias
-  assert plan.under_sharded == (B,)
+  # The copied bias, and the replicated Gram matrices, each larger than a
+  # shard of their param.
+  assert "less sharded than the param" in second and B in second
+  assert plan.under_sharded == (B, K, E)
   assert plan.shardings["embedding"].spec == P(None, None)
   assert plan.shardings["embedding"].mesh == mesh
+
+
+def test_larger_state_that_is_not_a_mirror_warns_when_replicated():
+  """A history buffer (3, *shape) from a bare shape is replicated while its
+  param is sharded and bigger than a shard: reported. Small bare-shape
+  statistics (a row vector) are not."""
+  mesh = MESHES["abstract"]()
+  shardings = partitioning.named_shardings(mesh, SPECS)
+  history = optax.GradientTransformation(
+      lambda params: jax.tree.map(
+          lambda p: (jnp.zeros((3,) + p.shape), jnp.zeros(p.shape[:1])), params),
+      lambda g, state, params=None: (g, state))
+  with pytest.warns(shardopt.ReplicatedStateWarning) as record:
+    plan = shardopt.plan_state_shardings(history, abstract_params(), shardings)
+  assert E + "[0]" in plan.under_sharded and K + "[0]" in plan.under_sharded
+  assert E + "[1]" not in plan.under_sharded
+  assert E + "[0]" in str(record[0].message)
