@@ -2,9 +2,9 @@
 
 ``sharded_init`` builds the state directly in its shardings (``jit`` without
 ``out_shardings`` would put the whole state on one device first).
-``sharded_update`` runs ``(grads, state, params) -> (new_params, new_state)``
-with fixed in/out shardings, donating the state and the params so that the
-step updates them in place.
+``sharded_update`` runs ``(grads, state, params, **extra_args) -> (new_params,
+new_state)`` with fixed in/out shardings, donating the state and the params so
+that the step updates them in place.
 
 Donation on XLA:CPU is sensitive to order: donated buffers must come back in
 the order they were passed, or the step allocates a full-size temporary and
@@ -37,20 +37,30 @@ def sharded_init(tx, param_shardings, state_shardings) -> Callable:
 
 
 class ShardedUpdate(NamedTuple):
-  """``(grads, state, params) -> (new_params, new_state)``, jitted.
+  """``(grads, state, params, **extra_args) -> (new_params, new_state)``, jitted.
 
+  Extra arguments (``value``, ``grad``, ``value_fn`` for line searches and
+  L-BFGS) reach ``tx.update``: arrays as traced inputs laid out as given,
+  callables as static arguments (a new callable recompiles the step).
   ``jitted`` is the underlying ``jax.jit`` function, with the signature
-  ``(params, grads, state) -> (new_params, new_state)``; ``lower`` lowers it
-  from arguments given in optax's order.
+  ``(params, grads, state, arrays, callables) -> (new_params, new_state)``;
+  ``lower`` lowers it from arguments given in optax's order.
   """
 
   jitted: Any
 
-  def __call__(self, grads, state, params):
-    return self.jitted(params, grads, state)
+  def __call__(self, grads, state, params, **extra_args):
+    return self.jitted(params, grads, state, *_split_extra_args(extra_args))
 
-  def lower(self, grads, state, params):
-    return self.jitted.lower(params, grads, state)
+  def lower(self, grads, state, params, **extra_args):
+    return self.jitted.lower(params, grads, state, *_split_extra_args(extra_args))
+
+
+def _split_extra_args(extra_args: dict) -> tuple[dict, tuple]:
+  """(traced arguments, hashable static callables) of an update's extras."""
+  callables = tuple(sorted((k, v) for k, v in extra_args.items() if callable(v)))
+  arrays = {k: v for k, v in extra_args.items() if not callable(v)}
+  return arrays, callables
 
 
 def sharded_update(tx, param_shardings, state_shardings, *,
@@ -62,14 +72,15 @@ def sharded_update(tx, param_shardings, state_shardings, *,
   the state and params passed in are consumed: reuse only the returned ones.
   """
 
-  def step(params, grads, state):
-    updates, new_state = tx.update(grads, state, params)
+  def step(params, grads, state, arrays, callables):
+    updates, new_state = tx.update(grads, state, params, **arrays, **dict(callables))
     return apply_updates(params, updates), new_state
 
   return ShardedUpdate(jax.jit(
       step,
-      in_shardings=(param_shardings, param_shardings, state_shardings),
+      in_shardings=(param_shardings, param_shardings, state_shardings, None),
       out_shardings=(param_shardings, state_shardings),
+      static_argnums=(4,),
       donate_argnums=(0, 2) if donate else (),
       keep_unused=True))
 

@@ -136,3 +136,24 @@ def test_without_donation_inputs_survive():
   assert not params["embedding"].is_deleted()
   np.testing.assert_allclose(np.asarray(new_params["embedding"]),
                              np.asarray(params["embedding"]) - 1e-2, rtol=1e-6)
+
+
+def test_extra_args_reach_the_update_arrays_traced_and_callables_static():
+  """A transform that needs ``value`` (an array) and ``value_fn`` (a callable),
+  as line searches do, gets both through the sharded step."""
+
+  def update(updates, state, params=None, *, value, value_fn):
+    scale = value_fn(value)
+    return jax.tree.map(lambda u: -scale * u, updates), state
+
+  tx = shardopt.GradientTransformationExtraArgs(shardopt.init_empty_state, update)
+  mesh = partitioning.make_mesh({"data": 2, "model": 4})
+  param_shardings = partitioning.named_shardings(mesh, SPECS)
+  opt = shardopt.make_sharded_optimizer(tx, abstract_params(), param_shardings)
+  params = jax.device_put(real_params(), param_shardings)
+  expected = jax.tree.map(lambda p: p - 0.5 * p, real_params())
+  halve = lambda v: v / 4.0
+  new_params, _ = opt.update(params, opt.init(params), jax.tree.map(jnp.copy, params),
+                             value=jnp.float32(2.0), value_fn=halve)
+  for got, want in zip(jax.tree.leaves(new_params), jax.tree.leaves(expected)):
+    np.testing.assert_allclose(got, want, rtol=1e-6)
