@@ -40,3 +40,4 @@ from shardopt.monitoring import *  # noqa: F401,F403
 from shardopt.linesearch import *  # noqa: F401,F403
 from shardopt.zoom_linesearch import *  # noqa: F401,F403
 from shardopt.lbfgs import *  # noqa: F401,F403
+from shardopt.alias_adaptive import *  # noqa: F401,F403

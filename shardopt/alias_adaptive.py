@@ -1,0 +1,343 @@
+"""Ready-made optimizers built from the transforms of the optax catalogue
+beyond Adam/SGD: each is a chain of a direction, optional weight decay and the
+(negated) learning rate, with optax's names, signatures and defaults.
+"""
+
+from typing import Any, Callable
+
+import jax
+
+from shardopt import accumulation
+from shardopt import adaptive_variants
+from shardopt import alias
+from shardopt import base
+from shardopt import block_scaling
+from shardopt import combine
+from shardopt import direction_rules
+from shardopt import lbfgs as lbfgs_lib
+from shardopt import masking
+from shardopt import scaling
+from shardopt import sign_methods
+from shardopt import weight_decay as weight_decay_lib
+from shardopt import zoom_linesearch
+
+__all__ = [
+    "adabelief",
+    "adadelta",
+    "adamax",
+    "adamaxw",
+    "adan",
+    "amsgrad",
+    "lars",
+    "lbfgs",
+    "lion",
+    "nadam",
+    "nadamw",
+    "novograd",
+    "optimistic_gradient_descent",
+    "polyak_sgd",
+    "rprop",
+    "sign_sgd",
+    "signum",
+    "yogi",
+]
+
+_Extra = base.GradientTransformationExtraArgs
+MaskOrFn = Any | Callable[[base.Params], Any] | None
+
+
+def _descend(direction: base.GradientTransformation, learning_rate,
+             weight_decay=0.0, mask: MaskOrFn = None) -> _Extra:
+  """direction, then ``+ weight_decay * params`` (masked), then ``* -lr``."""
+  return combine.chain(
+      direction,
+      weight_decay_lib.add_decayed_weights(weight_decay, mask),
+      scaling.scale_by_learning_rate(learning_rate),
+  )
+
+
+def adabelief(
+    learning_rate: base.ScalarOrSchedule,
+    b1: jax.typing.ArrayLike = 0.9,
+    b2: jax.typing.ArrayLike = 0.999,
+    eps: jax.typing.ArrayLike = 1e-16,
+    eps_root: jax.typing.ArrayLike = 1e-16,
+    *,
+    nesterov: bool = False,
+) -> _Extra:
+  """AdaBelief (Zhuang et al., 2020, https://arxiv.org/abs/2010.07468)."""
+  return combine.chain(
+      adaptive_variants.scale_by_belief(b1=b1, b2=b2, eps=eps,
+                                        eps_root=eps_root, nesterov=nesterov),
+      scaling.scale_by_learning_rate(learning_rate),
+  )
+
+
+def adadelta(
+    learning_rate: base.ScalarOrSchedule | None = None,
+    rho: jax.typing.ArrayLike = 0.9,
+    eps: jax.typing.ArrayLike = 1e-6,
+    weight_decay: base.ScalarOrSchedule = 0.0,
+    weight_decay_mask: MaskOrFn = None,
+) -> _Extra:
+  """Adadelta (Zeiler, 2012, https://arxiv.org/abs/1212.5701); the weight
+  decay is added to the gradient before the rescaling."""
+  return combine.chain(
+      weight_decay_lib.add_decayed_weights(weight_decay, mask=weight_decay_mask),
+      adaptive_variants.scale_by_adadelta(rho=rho, eps=eps),
+      scaling.scale_by_learning_rate(learning_rate),
+  )
+
+
+def adamax(
+    learning_rate: base.ScalarOrSchedule,
+    b1: jax.typing.ArrayLike = 0.9,
+    b2: jax.typing.ArrayLike = 0.999,
+    eps: jax.typing.ArrayLike = 1e-8,
+) -> _Extra:
+  """Adamax (Kingma & Ba, 2014, https://arxiv.org/abs/1412.6980, Sec. 7.1)."""
+  return combine.chain(
+      adaptive_variants.scale_by_adamax(b1=b1, b2=b2, eps=eps),
+      scaling.scale_by_learning_rate(learning_rate),
+  )
+
+
+def adamaxw(
+    learning_rate: base.ScalarOrSchedule,
+    b1: jax.typing.ArrayLike = 0.9,
+    b2: jax.typing.ArrayLike = 0.999,
+    eps: jax.typing.ArrayLike = 1e-8,
+    weight_decay: base.ScalarOrSchedule = 1e-4,
+    mask: MaskOrFn = None,
+) -> _Extra:
+  """Adamax with decoupled weight decay (Loshchilov & Hutter, 2019,
+  https://arxiv.org/abs/1711.05101)."""
+  return _descend(adaptive_variants.scale_by_adamax(b1=b1, b2=b2, eps=eps),
+                  learning_rate, weight_decay, mask)
+
+
+def adan(
+    learning_rate: base.ScalarOrSchedule,
+    b1: jax.typing.ArrayLike = 0.98,
+    b2: jax.typing.ArrayLike = 0.92,
+    b3: jax.typing.ArrayLike = 0.99,
+    eps: jax.typing.ArrayLike = 1e-8,
+    eps_root: jax.typing.ArrayLike = 1e-8,
+    weight_decay: base.ScalarOrSchedule = 0.0,
+    mask: MaskOrFn = None,
+) -> _Extra:
+  """Adan (Xie et al., 2022, https://arxiv.org/abs/2208.06677)."""
+  return _descend(
+      adaptive_variants.scale_by_adan(b1=b1, b2=b2, b3=b3, eps=eps,
+                                      eps_root=eps_root),
+      learning_rate, weight_decay, mask)
+
+
+def amsgrad(
+    learning_rate: base.ScalarOrSchedule,
+    b1: jax.typing.ArrayLike = 0.9,
+    b2: jax.typing.ArrayLike = 0.999,
+    eps: jax.typing.ArrayLike = 1e-8,
+    eps_root: jax.typing.ArrayLike = 0.0,
+    mu_dtype: Any | None = None,
+    bias_correction_mu: bool = True,
+    bias_correction_nu: bool = True,
+) -> _Extra:
+  """AMSGrad (Reddi et al., 2018, https://openreview.net/forum?id=ryQu7f-RZ)."""
+  return combine.chain(
+      adaptive_variants.scale_by_amsgrad(
+          b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype,
+          bias_correction_mu=bias_correction_mu,
+          bias_correction_nu=bias_correction_nu),
+      scaling.scale_by_learning_rate(learning_rate),
+  )
+
+
+def lion(
+    learning_rate: base.ScalarOrSchedule,
+    b1: jax.typing.ArrayLike = 0.9,
+    b2: jax.typing.ArrayLike = 0.99,
+    mu_dtype: Any | None = None,
+    weight_decay: base.ScalarOrSchedule = 1e-3,
+    mask: MaskOrFn = None,
+) -> _Extra:
+  """Lion (Chen et al., 2023, https://arxiv.org/abs/2302.06675)."""
+  return _descend(sign_methods.scale_by_lion(b1=b1, b2=b2, mu_dtype=mu_dtype),
+                  learning_rate, weight_decay, mask)
+
+
+def nadam(
+    learning_rate: base.ScalarOrSchedule,
+    b1: jax.typing.ArrayLike = 0.9,
+    b2: jax.typing.ArrayLike = 0.999,
+    eps: jax.typing.ArrayLike = 1e-8,
+    eps_root: jax.typing.ArrayLike = 0.0,
+    mu_dtype: Any | None = None,
+) -> _Extra:
+  """NAdam: Adam with Nesterov momentum (Dozat, Incorporating Nesterov
+  Momentum into Adam, 2016, https://openreview.net/pdf?id=OM0jvwB8jIp57ZJjtNEZ)."""
+  return alias.adam(learning_rate, b1=b1, b2=b2, eps=eps, eps_root=eps_root,
+                    mu_dtype=mu_dtype, nesterov=True)
+
+
+def nadamw(
+    learning_rate: base.ScalarOrSchedule,
+    b1: jax.typing.ArrayLike = 0.9,
+    b2: jax.typing.ArrayLike = 0.999,
+    eps: jax.typing.ArrayLike = 1e-8,
+    eps_root: jax.typing.ArrayLike = 0.0,
+    mu_dtype: Any | None = None,
+    weight_decay: base.ScalarOrSchedule = 1e-4,
+    mask: MaskOrFn = None,
+) -> _Extra:
+  """NAdamW: NAdam (Dozat, 2016) with decoupled weight decay (Loshchilov &
+  Hutter, 2019, https://arxiv.org/abs/1711.05101)."""
+  return alias.adamw(learning_rate, b1=b1, b2=b2, eps=eps, eps_root=eps_root,
+                     mu_dtype=mu_dtype, weight_decay=weight_decay, mask=mask,
+                     nesterov=True)
+
+
+def novograd(
+    learning_rate: base.ScalarOrSchedule,
+    b1: jax.typing.ArrayLike = 0.9,
+    b2: jax.typing.ArrayLike = 0.25,
+    eps: jax.typing.ArrayLike = 1e-6,
+    eps_root: jax.typing.ArrayLike = 0.0,
+    weight_decay: base.ScalarOrSchedule = 0.0,
+) -> _Extra:
+  """NovoGrad (Ginsburg et al., 2019, https://arxiv.org/abs/1905.11286);
+  needs the params."""
+  return combine.chain(
+      adaptive_variants.scale_by_novograd(b1=b1, b2=b2, eps=eps,
+                                          eps_root=eps_root,
+                                          weight_decay=weight_decay),
+      scaling.scale_by_learning_rate(learning_rate),
+  )
+
+
+def yogi(
+    learning_rate: base.ScalarOrSchedule,
+    b1: jax.typing.ArrayLike = 0.9,
+    b2: jax.typing.ArrayLike = 0.999,
+    eps: jax.typing.ArrayLike = 1e-3,
+) -> _Extra:
+  """Yogi (Zaheer et al., 2018, https://papers.nips.cc/paper/8186)."""
+  return combine.chain(
+      adaptive_variants.scale_by_yogi(b1=b1, b2=b2, eps=eps),
+      scaling.scale_by_learning_rate(learning_rate),
+  )
+
+
+def sign_sgd(learning_rate: base.ScalarOrSchedule) -> _Extra:
+  """signSGD (Bernstein et al., 2018, https://arxiv.org/abs/1802.04434)."""
+  return combine.chain(sign_methods.scale_by_sign(),
+                       scaling.scale_by_learning_rate(learning_rate))
+
+
+def signum(
+    learning_rate: base.ScalarOrSchedule,
+    beta: jax.typing.ArrayLike = 0.9,
+    accumulator_dtype: Any | None = None,
+) -> _Extra:
+  """Signum: the sign of an (undebiased) EMA of the gradients (Bernstein et
+  al., 2018, https://arxiv.org/abs/1802.04434)."""
+  return combine.chain(
+      accumulation.ema(beta, debias=False, accumulator_dtype=accumulator_dtype),
+      sign_methods.scale_by_sign(),
+      scaling.scale_by_learning_rate(learning_rate),
+  )
+
+
+def rprop(
+    learning_rate: jax.typing.ArrayLike,
+    eta_minus: jax.typing.ArrayLike = 0.5,
+    eta_plus: jax.typing.ArrayLike = 1.2,
+    min_step_size: jax.typing.ArrayLike = 1e-6,
+    max_step_size: jax.typing.ArrayLike = 50.0,
+) -> _Extra:
+  """Rprop (Riedmiller & Braun, 1993, https://doi.org/10.1109/ICNN.1993.298623);
+  ``learning_rate`` is the initial per-coordinate step size."""
+  return combine.chain(
+      sign_methods.scale_by_rprop(
+          learning_rate=learning_rate, eta_minus=eta_minus, eta_plus=eta_plus,
+          min_step_size=min_step_size, max_step_size=max_step_size),
+      scaling.scale(-1.0),
+  )
+
+
+def optimistic_gradient_descent(
+    learning_rate: base.ScalarOrSchedule,
+    alpha: jax.typing.ArrayLike = 1.0,
+    beta: jax.typing.ArrayLike = 1.0,
+) -> _Extra:
+  """Optimistic gradient descent for min-max games (Mokhtari et al., 2019,
+  https://arxiv.org/abs/1901.08511)."""
+  return combine.chain(
+      direction_rules.scale_by_optimistic_gradient(alpha=alpha, beta=beta),
+      scaling.scale_by_learning_rate(learning_rate),
+  )
+
+
+def polyak_sgd(
+    max_learning_rate: jax.typing.ArrayLike = 1.0,
+    scaling: base.ScalarOrSchedule = 1.0,  # pylint: disable=redefined-outer-name
+    f_min: jax.typing.ArrayLike = 0.0,
+    eps: jax.typing.ArrayLike = 0.0,
+    variant: str = "sps",
+) -> _Extra:
+  """SGD with Polyak's step size (Loizou et al., 2021,
+  https://arxiv.org/abs/2002.10542): ``scaling`` (a scalar or schedule)
+  multiplies the gradient before the Polyak step; ``update`` needs ``value=``.
+  """
+  return combine.chain(
+      alias.sgd(learning_rate=scaling),
+      direction_rules.scale_by_polyak(max_learning_rate=max_learning_rate,
+                                      f_min=f_min, eps=eps, variant=variant),
+  )
+
+
+def lars(
+    learning_rate: base.ScalarOrSchedule,
+    weight_decay: base.ScalarOrSchedule = 0.0,
+    weight_decay_mask: MaskOrFn = True,
+    trust_coefficient: jax.typing.ArrayLike = 0.001,
+    eps: jax.typing.ArrayLike = 0.0,
+    trust_ratio_mask: MaskOrFn = True,
+    momentum: jax.typing.ArrayLike = 0.9,
+    nesterov: bool = False,
+) -> _Extra:
+  """LARS: layer-wise trust ratio, then momentum (You et al., Large Batch
+  Training of Convolutional Networks, 2017, https://arxiv.org/abs/1708.03888)."""
+  return combine.chain(
+      weight_decay_lib.add_decayed_weights(weight_decay, mask=weight_decay_mask),
+      masking.masked(
+          block_scaling.scale_by_trust_ratio(
+              trust_coefficient=trust_coefficient, eps=eps),
+          mask=trust_ratio_mask),
+      scaling.scale_by_learning_rate(learning_rate),
+      accumulation.trace(decay=momentum, nesterov=nesterov),
+  )
+
+
+def lbfgs(
+    learning_rate: base.ScalarOrSchedule | None = None,
+    memory_size: int = 10,
+    scale_init_precond: bool = True,
+    linesearch: base.GradientTransformation | None = (
+        zoom_linesearch.scale_by_zoom_linesearch(
+            max_linesearch_steps=20, initial_guess_strategy="one")),
+) -> _Extra:
+  """L-BFGS with a zoom line search (Nocedal & Wright, Numerical Optimization,
+  1999, Algorithms 7.4, 7.5). Without ``learning_rate`` the direction is
+  negated and left to the line search; ``linesearch=None`` takes it as is.
+  ``update`` needs ``value=``, ``grad=`` and ``value_fn=`` for the search."""
+  if learning_rate is None:
+    step = scaling.scale(-1.0)
+  else:
+    step = scaling.scale_by_learning_rate(learning_rate)
+  return combine.chain(
+      lbfgs_lib.scale_by_lbfgs(memory_size=memory_size,
+                               scale_init_precond=scale_init_precond),
+      step,
+      base.identity() if linesearch is None else linesearch,
+  )
