@@ -48,7 +48,9 @@ class Entry(NamedTuple):
   ``extra_args`` names the keyword arguments its update needs (``value``,
   ``grad``, ``value_fn`` of the objective); ``finish`` turns the constructed
   object into the transformation (``MultiSteps``, ``inject_hyperparams``);
-  ``oracle`` says whether optax has the same name and semantics.
+  ``oracle`` says whether optax has the same name and semantics;
+  ``descent`` that it expects a descent direction (``-grad``, as after
+  ``sgd(1.0)``) rather than the gradient.
   """
 
   name: str
@@ -58,6 +60,7 @@ class Entry(NamedTuple):
   finish: Callable | None = None
   oracle: bool = True
   variant: str = ""  # tells apart entries of one name
+  descent: bool = False
 
   @property
   def label(self) -> str:
@@ -144,12 +147,13 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("scale_by_polyak", extra_args=("value",)),
     Entry("scale_by_lbfgs", {"memory_size": 4}),
     Entry("scale_by_backtracking_linesearch", {"max_backtracking_steps": 15},
-          extra_args=_LINESEARCH),
+          extra_args=_LINESEARCH, descent=True),
     Entry("scale_by_zoom_linesearch", {"max_linesearch_steps": 15},
-          extra_args=_LINESEARCH),
+          extra_args=_LINESEARCH, descent=True),
     Entry("snapshot", {"measure_name": "sq_norm", "measure": _sum_of_squares}),
     Entry("measure_with_ema", {"measure": _sum_of_squares, "decay": 0.9}),
-    Entry("monitor", {"measures": {"sq_norm": _sum_of_squares}}),
+    Entry("monitor", {"measures": {"sq_norm": _sum_of_squares, "ema": Sub(
+        "measure_with_ema", {"measure": _sum_of_squares, "decay": 0.9})}}),
     # Combinators and wrappers, each with a small inner transformation.
     Entry("chain", args=(Sub("clip", {"max_delta": 1.0}), _ADAM)),
     Entry("named_chain", args=(("clip", Sub("clip", {"max_delta": 1.0})),
