@@ -1,8 +1,7 @@
-"""Adam's relatives: Adadelta, Adan, Adamax, AMSGrad, AdaBelief, Yogi, NovoGrad.
+"""Adam's relatives: Adadelta, Adan, Adamax, AMSGrad, AdaBelief and Yogi.
 
 Each keeps per-coordinate moments built with ``zeros_like``/``full_like`` of
-the params (NovoGrad's second moment is one scalar per param, a reduction), so
-the state carries the params' shardings.
+the params, so the state carries the params' shardings.
 """
 
 from typing import Any, NamedTuple
@@ -14,20 +13,18 @@ from shardopt import base
 from shardopt import numerics
 from shardopt import tree
 from shardopt.accumulation import canonical_dtype, compiled_bias_correction
-from shardopt.adaptive import ScaleByAdamState
+from shardopt.adaptive import ScaleByAdamState, debiased_first_moment
 
 __all__ = [
     "ScaleByAdaDeltaState",
     "ScaleByAdanState",
     "ScaleByAmsgradState",
     "ScaleByBeliefState",
-    "ScaleByNovogradState",
     "scale_by_adadelta",
     "scale_by_adamax",
     "scale_by_adan",
     "scale_by_amsgrad",
     "scale_by_belief",
-    "scale_by_novograd",
     "scale_by_yogi",
 ]
 
@@ -254,14 +251,7 @@ def scale_by_belief(
     nu = tree.update_moment_per_elem_norm(surprise, state.nu, b2, 2)
     nu = jax.tree.map(lambda v: v + eps_root, nu)
     count = numerics.safe_increment(state.count)
-    if nesterov:
-      mu_hat = jax.tree.map(
-          lambda m, g: b1 * m + (1 - b1) * g,
-          compiled_bias_correction(mu, b1, numerics.safe_increment(count)),
-          compiled_bias_correction(updates, b1, count),
-      )
-    else:
-      mu_hat = compiled_bias_correction(mu, b1, count)
+    mu_hat = debiased_first_moment(updates, mu, b1, count, nesterov)
     nu_hat = compiled_bias_correction(nu, b2, count)
     updates = _divide_by_root(mu_hat, nu_hat, eps, 0.0)
     return updates, ScaleByBeliefState(count=count, mu=mu, nu=nu)
@@ -304,77 +294,5 @@ def scale_by_yogi(
     nu_hat = compiled_bias_correction(nu, b2, count)
     updates = _divide_by_root(mu_hat, nu_hat, eps, eps_root)
     return updates, ScaleByAdamState(count=count, mu=mu, nu=nu)
-
-  return base.GradientTransformation(init_fn, update_fn)
-
-
-class ScaleByNovogradState(NamedTuple):
-  """Step count, first moment ``mu`` and one second moment ``nu`` per param."""
-
-  count: jax.Array  # int32 scalar
-  mu: base.Updates
-  nu: base.Updates
-
-
-def scale_by_novograd(
-    b1: jax.typing.ArrayLike = 0.9,
-    b2: jax.typing.ArrayLike = 0.25,
-    eps: jax.typing.ArrayLike = 1e-8,
-    eps_root: jax.typing.ArrayLike = 0.0,
-    weight_decay: jax.typing.ArrayLike = 0.0,
-    mu_dtype: Any | None = None,
-) -> base.GradientTransformation:
-  """NovoGrad: layer-wise second moments of the gradient norm.
-
-  The first step initialises both moments from the gradient (no decay).
-  Needs ``params`` (for the weight-decay term).
-
-  Reference: Ginsburg et al., Stochastic Gradient Methods with Layer-wise
-  Adaptive Moments for Training of Deep Networks, 2019
-  (https://arxiv.org/abs/1905.11286).
-  """
-  mu_dtype = canonical_dtype(mu_dtype)
-
-  def init_fn(params):
-    # nu is one scalar per param (a norm), replicated on every device.
-    nu = jax.tree.map(lambda p: jnp.zeros([], p.dtype), params)
-    return ScaleByNovogradState(
-        count=_counter(), mu=tree.tree_zeros_like(params, dtype=mu_dtype), nu=nu
-    )
-
-  def sq_norm(g):
-    return jnp.linalg.norm(g) ** 2
-
-  def normalized(g, p, v):
-    return g / (jnp.sqrt(v + eps_root) + eps) + weight_decay * p
-
-  def first_nu(grads, nu):
-    return jax.tree.map(lambda g, v: sq_norm(g).astype(v.dtype), grads, nu)
-
-  def later_nu(grads, nu):
-    return jax.tree.map(lambda g, v: (1 - b2) * sq_norm(g) + b2 * v, grads, nu)
-
-  def first_mu(steps, mu):
-    del mu
-    return steps
-
-  def later_mu(steps, mu):
-    return jax.tree.map(lambda s, m: b1 * m + s, steps, mu)
-
-  def update_fn(updates, state, params=None):
-    if params is None:
-      raise ValueError(
-          "scale_by_novograd needs the params: call update(updates, state,"
-          " params)"
-      )
-    count = numerics.safe_increment(state.count)
-    first = count == 1
-    # The first step takes the moments from the gradient, undecayed. The
-    # branches are built once so that eager calls reuse their compilation.
-    nu = jax.lax.cond(first, first_nu, later_nu, updates, state.nu)
-    steps = jax.tree.map(normalized, updates, params, nu)
-    mu = jax.lax.cond(first, first_mu, later_mu, steps, state.mu)
-    mu = tree.tree_cast(mu, mu_dtype)
-    return mu, ScaleByNovogradState(count=count, mu=mu, nu=nu)
 
   return base.GradientTransformation(init_fn, update_fn)

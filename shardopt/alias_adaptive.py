@@ -14,12 +14,10 @@ from shardopt import base
 from shardopt import block_scaling
 from shardopt import combine
 from shardopt import direction_rules
-from shardopt import lbfgs as lbfgs_lib
+from shardopt import layerwise_adaptive
 from shardopt import masking
 from shardopt import scaling
-from shardopt import sign_methods
 from shardopt import weight_decay as weight_decay_lib
-from shardopt import zoom_linesearch
 
 __all__ = [
     "adabelief",
@@ -29,16 +27,10 @@ __all__ = [
     "adan",
     "amsgrad",
     "lars",
-    "lbfgs",
-    "lion",
     "nadam",
     "nadamw",
     "novograd",
     "optimistic_gradient_descent",
-    "polyak_sgd",
-    "rprop",
-    "sign_sgd",
-    "signum",
     "yogi",
 ]
 
@@ -46,7 +38,7 @@ _Extra = base.GradientTransformationExtraArgs
 MaskOrFn = Any | Callable[[base.Params], Any] | None
 
 
-def _descend(direction: base.GradientTransformation, learning_rate,
+def descend(direction: base.GradientTransformation, learning_rate,
              weight_decay=0.0, mask: MaskOrFn = None) -> _Extra:
   """direction, then ``+ weight_decay * params`` (masked), then ``* -lr``."""
   return combine.chain(
@@ -112,7 +104,7 @@ def adamaxw(
 ) -> _Extra:
   """Adamax with decoupled weight decay (Loshchilov & Hutter, 2019,
   https://arxiv.org/abs/1711.05101)."""
-  return _descend(adaptive_variants.scale_by_adamax(b1=b1, b2=b2, eps=eps),
+  return descend(adaptive_variants.scale_by_adamax(b1=b1, b2=b2, eps=eps),
                   learning_rate, weight_decay, mask)
 
 
@@ -127,7 +119,7 @@ def adan(
     mask: MaskOrFn = None,
 ) -> _Extra:
   """Adan (Xie et al., 2022, https://arxiv.org/abs/2208.06677)."""
-  return _descend(
+  return descend(
       adaptive_variants.scale_by_adan(b1=b1, b2=b2, b3=b3, eps=eps,
                                       eps_root=eps_root),
       learning_rate, weight_decay, mask)
@@ -151,19 +143,6 @@ def amsgrad(
           bias_correction_nu=bias_correction_nu),
       scaling.scale_by_learning_rate(learning_rate),
   )
-
-
-def lion(
-    learning_rate: base.ScalarOrSchedule,
-    b1: jax.typing.ArrayLike = 0.9,
-    b2: jax.typing.ArrayLike = 0.99,
-    mu_dtype: Any | None = None,
-    weight_decay: base.ScalarOrSchedule = 1e-3,
-    mask: MaskOrFn = None,
-) -> _Extra:
-  """Lion (Chen et al., 2023, https://arxiv.org/abs/2302.06675)."""
-  return _descend(sign_methods.scale_by_lion(b1=b1, b2=b2, mu_dtype=mu_dtype),
-                  learning_rate, weight_decay, mask)
 
 
 def nadam(
@@ -208,7 +187,7 @@ def novograd(
   """NovoGrad (Ginsburg et al., 2019, https://arxiv.org/abs/1905.11286);
   needs the params."""
   return combine.chain(
-      adaptive_variants.scale_by_novograd(b1=b1, b2=b2, eps=eps,
+      layerwise_adaptive.scale_by_novograd(b1=b1, b2=b2, eps=eps,
                                           eps_root=eps_root,
                                           weight_decay=weight_decay),
       scaling.scale_by_learning_rate(learning_rate),
@@ -228,43 +207,6 @@ def yogi(
   )
 
 
-def sign_sgd(learning_rate: base.ScalarOrSchedule) -> _Extra:
-  """signSGD (Bernstein et al., 2018, https://arxiv.org/abs/1802.04434)."""
-  return combine.chain(sign_methods.scale_by_sign(),
-                       scaling.scale_by_learning_rate(learning_rate))
-
-
-def signum(
-    learning_rate: base.ScalarOrSchedule,
-    beta: jax.typing.ArrayLike = 0.9,
-    accumulator_dtype: Any | None = None,
-) -> _Extra:
-  """Signum: the sign of an (undebiased) EMA of the gradients (Bernstein et
-  al., 2018, https://arxiv.org/abs/1802.04434)."""
-  return combine.chain(
-      accumulation.ema(beta, debias=False, accumulator_dtype=accumulator_dtype),
-      sign_methods.scale_by_sign(),
-      scaling.scale_by_learning_rate(learning_rate),
-  )
-
-
-def rprop(
-    learning_rate: jax.typing.ArrayLike,
-    eta_minus: jax.typing.ArrayLike = 0.5,
-    eta_plus: jax.typing.ArrayLike = 1.2,
-    min_step_size: jax.typing.ArrayLike = 1e-6,
-    max_step_size: jax.typing.ArrayLike = 50.0,
-) -> _Extra:
-  """Rprop (Riedmiller & Braun, 1993, https://doi.org/10.1109/ICNN.1993.298623);
-  ``learning_rate`` is the initial per-coordinate step size."""
-  return combine.chain(
-      sign_methods.scale_by_rprop(
-          learning_rate=learning_rate, eta_minus=eta_minus, eta_plus=eta_plus,
-          min_step_size=min_step_size, max_step_size=max_step_size),
-      scaling.scale(-1.0),
-  )
-
-
 def optimistic_gradient_descent(
     learning_rate: base.ScalarOrSchedule,
     alpha: jax.typing.ArrayLike = 1.0,
@@ -275,24 +217,6 @@ def optimistic_gradient_descent(
   return combine.chain(
       direction_rules.scale_by_optimistic_gradient(alpha=alpha, beta=beta),
       scaling.scale_by_learning_rate(learning_rate),
-  )
-
-
-def polyak_sgd(
-    max_learning_rate: jax.typing.ArrayLike = 1.0,
-    scaling: base.ScalarOrSchedule = 1.0,  # pylint: disable=redefined-outer-name
-    f_min: jax.typing.ArrayLike = 0.0,
-    eps: jax.typing.ArrayLike = 0.0,
-    variant: str = "sps",
-) -> _Extra:
-  """SGD with Polyak's step size (Loizou et al., 2021,
-  https://arxiv.org/abs/2002.10542): ``scaling`` (a scalar or schedule)
-  multiplies the gradient before the Polyak step; ``update`` needs ``value=``.
-  """
-  return combine.chain(
-      alias.sgd(learning_rate=scaling),
-      direction_rules.scale_by_polyak(max_learning_rate=max_learning_rate,
-                                      f_min=f_min, eps=eps, variant=variant),
   )
 
 
@@ -316,28 +240,4 @@ def lars(
           mask=trust_ratio_mask),
       scaling.scale_by_learning_rate(learning_rate),
       accumulation.trace(decay=momentum, nesterov=nesterov),
-  )
-
-
-def lbfgs(
-    learning_rate: base.ScalarOrSchedule | None = None,
-    memory_size: int = 10,
-    scale_init_precond: bool = True,
-    linesearch: base.GradientTransformation | None = (
-        zoom_linesearch.scale_by_zoom_linesearch(
-            max_linesearch_steps=20, initial_guess_strategy="one")),
-) -> _Extra:
-  """L-BFGS with a zoom line search (Nocedal & Wright, Numerical Optimization,
-  1999, Algorithms 7.4, 7.5). Without ``learning_rate`` the direction is
-  negated and left to the line search; ``linesearch=None`` takes it as is.
-  ``update`` needs ``value=``, ``grad=`` and ``value_fn=`` for the search."""
-  if learning_rate is None:
-    step = scaling.scale(-1.0)
-  else:
-    step = scaling.scale_by_learning_rate(learning_rate)
-  return combine.chain(
-      lbfgs_lib.scale_by_lbfgs(memory_size=memory_size,
-                               scale_init_precond=scale_init_precond),
-      step,
-      base.identity() if linesearch is None else linesearch,
   )

@@ -1,0 +1,122 @@
+"""Ready-made sign-based optimizers (Lion, signSGD, Signum, Rprop) and those
+whose step size comes from the objective (Polyak SGD, L-BFGS with a line
+search), with optax's names, signatures and defaults.
+"""
+
+from typing import Any
+
+import jax
+
+from shardopt import accumulation
+from shardopt import alias
+from shardopt import base
+from shardopt import combine
+from shardopt import direction_rules
+from shardopt import lbfgs as lbfgs_lib
+from shardopt import scaling
+from shardopt import sign_methods
+from shardopt import zoom_linesearch
+from shardopt.alias_adaptive import MaskOrFn, descend
+
+__all__ = [
+    "lbfgs",
+    "lion",
+    "polyak_sgd",
+    "rprop",
+    "sign_sgd",
+    "signum",
+]
+
+_Extra = base.GradientTransformationExtraArgs
+
+
+def lion(
+    learning_rate: base.ScalarOrSchedule,
+    b1: jax.typing.ArrayLike = 0.9,
+    b2: jax.typing.ArrayLike = 0.99,
+    mu_dtype: Any | None = None,
+    weight_decay: base.ScalarOrSchedule = 1e-3,
+    mask: MaskOrFn = None,
+) -> _Extra:
+  """Lion (Chen et al., 2023, https://arxiv.org/abs/2302.06675)."""
+  return descend(sign_methods.scale_by_lion(b1=b1, b2=b2, mu_dtype=mu_dtype),
+                  learning_rate, weight_decay, mask)
+
+
+def sign_sgd(learning_rate: base.ScalarOrSchedule) -> _Extra:
+  """signSGD (Bernstein et al., 2018, https://arxiv.org/abs/1802.04434)."""
+  return combine.chain(sign_methods.scale_by_sign(),
+                       scaling.scale_by_learning_rate(learning_rate))
+
+
+def signum(
+    learning_rate: base.ScalarOrSchedule,
+    beta: jax.typing.ArrayLike = 0.9,
+    accumulator_dtype: Any | None = None,
+) -> _Extra:
+  """Signum: the sign of an (undebiased) EMA of the gradients (Bernstein et
+  al., 2018, https://arxiv.org/abs/1802.04434)."""
+  return combine.chain(
+      accumulation.ema(beta, debias=False, accumulator_dtype=accumulator_dtype),
+      sign_methods.scale_by_sign(),
+      scaling.scale_by_learning_rate(learning_rate),
+  )
+
+
+def rprop(
+    learning_rate: jax.typing.ArrayLike,
+    eta_minus: jax.typing.ArrayLike = 0.5,
+    eta_plus: jax.typing.ArrayLike = 1.2,
+    min_step_size: jax.typing.ArrayLike = 1e-6,
+    max_step_size: jax.typing.ArrayLike = 50.0,
+) -> _Extra:
+  """Rprop (Riedmiller & Braun, 1993, https://doi.org/10.1109/ICNN.1993.298623);
+  ``learning_rate`` is the initial per-coordinate step size."""
+  return combine.chain(
+      sign_methods.scale_by_rprop(
+          learning_rate=learning_rate, eta_minus=eta_minus, eta_plus=eta_plus,
+          min_step_size=min_step_size, max_step_size=max_step_size),
+      scaling.scale(-1.0),
+  )
+
+
+def polyak_sgd(
+    max_learning_rate: jax.typing.ArrayLike = 1.0,
+    scaling: base.ScalarOrSchedule = 1.0,  # pylint: disable=redefined-outer-name
+    f_min: jax.typing.ArrayLike = 0.0,
+    eps: jax.typing.ArrayLike = 0.0,
+    variant: str = "sps",
+) -> _Extra:
+  """SGD with Polyak's step size (Loizou et al., 2021,
+  https://arxiv.org/abs/2002.10542): ``scaling`` (a scalar or schedule)
+  multiplies the gradient before the Polyak step; ``update`` needs ``value=``.
+  """
+  return combine.chain(
+      alias.sgd(learning_rate=scaling),
+      direction_rules.scale_by_polyak(max_learning_rate=max_learning_rate,
+                                      f_min=f_min, eps=eps, variant=variant),
+  )
+
+
+def lbfgs(
+    learning_rate: base.ScalarOrSchedule | None = None,
+    memory_size: int = 10,
+    scale_init_precond: bool = True,
+    linesearch: base.GradientTransformation | None = (
+        zoom_linesearch.scale_by_zoom_linesearch(
+            max_linesearch_steps=20, initial_guess_strategy="one")),
+) -> _Extra:
+  """L-BFGS with a zoom line search (Nocedal & Wright, Numerical Optimization,
+  1999, Algorithms 7.4, 7.5). Without ``learning_rate`` the direction is
+  negated and left to the line search; ``linesearch=None`` takes it as is.
+  ``update`` needs ``value=``, ``grad=`` and ``value_fn=`` for the search."""
+  if learning_rate is None:
+    step = scaling.scale(-1.0)
+  else:
+    step = scaling.scale_by_learning_rate(learning_rate)
+  return combine.chain(
+      lbfgs_lib.scale_by_lbfgs(memory_size=memory_size,
+                               scale_init_precond=scale_init_precond),
+      step,
+      base.identity() if linesearch is None else linesearch,
+  )
