@@ -8,7 +8,10 @@ alternating rounds in one process (each going first in every other round), so
 machine noise hits both alike.
 
 Run from the repository root:  python -m benchmarks.step_time [--steps N]
-Writes benchmarks/results/step_time.md.
+Writes benchmarks/results/step_time.md. On an accelerator, set
+``JAX_PLATFORMS=cuda`` (or tpu): the mesh then spans the devices present
+(``data=1, model=N`` when there are fewer than 8), and ``--layers``,
+``--d-model`` and ``--results`` size the tree and name the results file.
 """
 
 import os
@@ -31,18 +34,27 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import shardopt  # noqa: E402
 
-LAYERS, D_MODEL, HIDDEN, VOCAB = 4, 512, 1024, 4096
+VOCAB = 4096
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "step_time.md"
 
 
-def tree():
-  """(shape, spec) per param: an embedding and LAYERS MLP blocks, ~5.2M."""
-  layer = {"w_in": ((D_MODEL, HIDDEN), P(None, "model")),
-           "b_in": ((HIDDEN,), P("model")),
-           "w_out": ((HIDDEN, D_MODEL), P("model", None)),
-           "scale": ((D_MODEL,), P())}
-  return {"embedding": ((VOCAB, D_MODEL // 2), P("model", None)),
-          **{f"layer_{i}": dict(layer) for i in range(LAYERS)}}
+def tree(layers: int, d_model: int):
+  """(shape, spec) per param: an embedding and MLP blocks (hidden = 2 x
+  d_model); the defaults (4, 512) give ~5.2M params."""
+  hidden = 2 * d_model
+  layer = {"w_in": ((d_model, hidden), P(None, "model")),
+           "b_in": ((hidden,), P("model")),
+           "w_out": ((hidden, d_model), P("model", None)),
+           "scale": ((d_model,), P())}
+  return {"embedding": ((VOCAB, d_model // 2), P("model", None)),
+          **{f"layer_{i}": dict(layer) for i in range(layers)}}
+
+
+def mesh_for_devices():
+  """('data': 2, 'model': 4) on 8 or more devices, else ('data': 1, 'model': N)."""
+  count = jax.device_count()
+  shape = (2, 4) if count >= 8 else (1, count)
+  return jax.make_mesh(shape, ("data", "model"), axis_types=(AxisType.Auto,) * 2)
 
 
 def optimizers():
@@ -86,11 +98,13 @@ def main():
                       help="timed steps per optimizer (after 5 warm-up)")
   parser.add_argument("--rounds", type=int, default=5,
                       help="alternating rounds the steps are split into")
+  parser.add_argument("--layers", type=int, default=4)
+  parser.add_argument("--d-model", type=int, default=512)
+  parser.add_argument("--results", type=pathlib.Path, default=RESULTS)
   args = parser.parse_args()
 
-  mesh = jax.make_mesh((2, 4), ("data", "model"),
-                       axis_types=(AxisType.Auto,) * 2)
-  shapes = tree()
+  mesh = mesh_for_devices()
+  shapes = tree(args.layers, args.d_model)
   is_pair = lambda x: isinstance(x, tuple) and isinstance(x[1], P)
   shardings = jax.tree.map(lambda x: NamedSharding(mesh, x[1]), shapes,
                            is_leaf=is_pair)
@@ -130,8 +144,8 @@ def main():
       "",
       f"Command: `{command.strip()}` (from the repository root)",
       "",
-      f"{count:,} float32 params (even sizes) on 8 simulated CPU devices, "
-      "mesh ('data': 2, 'model': 4); both through "
+      f"{count:,} float32 params (even sizes) on {jax.device_count()} "
+      f"{jax.devices()[0].device_kind} device(s), mesh {dict(mesh.shape)}; both through "
       "`shardopt.make_sharded_optimizer` (same shardings, donated state and "
       f"params); 5 warm-up steps, then the median of {args.steps} steps each, "
       f"in {args.rounds} alternating rounds. jax {jax.__version__}, "
@@ -147,9 +161,9 @@ def main():
       "|---|---|---|---|---|---|---|---|",
   ] + [f"| {n} | {a * 1e3:.2f} | {b * 1e3:.2f} | {a / b:.3f} | {m:.3f} | "
        f"{x} | {y} | {z} |" for n, a, b, m, x, y, z in rows]
-  RESULTS.parent.mkdir(parents=True, exist_ok=True)
-  RESULTS.write_text("\n".join(lines) + "\n")
-  print(f"wrote {RESULTS}")
+  args.results.parent.mkdir(parents=True, exist_ok=True)
+  args.results.write_text("\n".join(lines) + "\n")
+  print(f"wrote {args.results}")
 
 
 if __name__ == "__main__":
