@@ -10,6 +10,7 @@ only after a newer save has been finalized.
 
 import json
 import logging
+import os
 from typing import Any, NamedTuple
 
 import jax
@@ -43,6 +44,13 @@ def _json(value: Any, what: str) -> Any:
     raise TypeError(f"{what} must be JSON-serializable (dicts, lists, str, numbers): {e}") from e
 
 
+def _absolute(directory) -> epath.Path:
+  """``directory`` as an absolute path (Orbax rejects relative local paths);
+  URLs such as ``gs://bucket/run`` are kept as given."""
+  text = os.fspath(directory)
+  return epath.Path(text if "://" in text else os.path.abspath(text))
+
+
 class CheckpointManager:
   """Saves and restores training states under ``directory`` (one subdirectory per step).
 
@@ -53,7 +61,7 @@ class CheckpointManager:
 
   def __init__(self, directory, policy: CheckpointPolicy | None = None):
     self.policy = policy or CheckpointPolicy()
-    self.directory = epath.Path(directory)
+    self.directory = _absolute(directory)
     if jax.process_count() > 1:  # orbax refuses create=True with explicit active processes
       self.directory.mkdir(parents=True, exist_ok=True)
       barrier("create_directory", self.policy.timeout_s)
