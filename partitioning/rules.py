@@ -5,7 +5,10 @@ For each parameter the first rule whose pattern is found in its path
 PartitionSpec. Rank-0 leaves (scalars) need no rule: they are always
 replicated, ``P()``. A parameter that no rule matches is an error naming it,
 so a new parameter is never silently replicated; end the rules with
-``('.*', P())`` to replicate everything else on purpose.
+``('.*', P())`` to replicate everything else on purpose. With
+``strict=True`` a parameter that two rules with *different* specs match is an
+error too (an ambiguity that rule order alone resolves); a final catch-all
+``'.*'`` rule is exempt.
 """
 
 import re
@@ -56,17 +59,30 @@ def _list_rules(rules: Rules) -> str:
   return "\n".join(f"  {i}: {pattern!r} -> {as_spec(spec)}" for i, (pattern, spec) in enumerate(rules))
 
 
-def match_partition_rules(rules: Rules, params: Any) -> Any:
+def _conflicting_rules(compiled, path: str) -> list[int]:
+  """Indices of the rules (catch-all '.*' aside) matching ``path``, when they
+  disagree on the spec."""
+  hits = [i for i, (pattern, _) in enumerate(compiled)
+          if pattern.pattern != ".*" and pattern.search(path)]
+  return hits if len({compiled[i][1] for i in hits}) > 1 else []
+
+
+def match_partition_rules(rules: Rules, params: Any, *, strict: bool = False) -> Any:
   """A tree of PartitionSpec, one per leaf of ``params``, first match wins.
 
   ``params`` holds arrays or ``jax.ShapeDtypeStruct``s (anything with a shape).
-  Raises PartitionError listing every unmatched path and the rules.
+  Raises PartitionError listing every unmatched path and the rules; with
+  ``strict``, also every path that rules with different specs match.
   """
   compiled = _compiled(rules)
-  leaves = leaves_with_paths(params)
-  specs, unmatched = [], []
-  for path, leaf in leaves:
+  specs, unmatched, ambiguous = [], [], []
+  for path, leaf in leaves_with_paths(params):
     index = _first_match(compiled, path, np.shape(leaf))
+    if strict and index not in (None, _SCALAR):
+      conflict = _conflicting_rules(compiled, path)
+      if conflict:
+        ambiguous.append(f"  {path}: rules {conflict} give "
+                         + ", ".join(str(compiled[i][1]) for i in conflict))
     if index is None:
       unmatched.append(path)
       specs.append(None)
@@ -78,6 +94,13 @@ def match_partition_rules(rules: Rules, params: Any) -> Any:
         " with ('.*', P()) to replicate the rest):\n"
         + "\n".join(f"  {p}" for p in unmatched)
         + f"\nRules, in order (first match wins):\n{_list_rules(rules)}"
+    )
+  if ambiguous:
+    raise PartitionError(
+        "These params match several rules with different specs (tighten the"
+        " patterns, e.g. anchor them with ^...$, or pass strict=False to let"
+        " the first match win):\n" + "\n".join(ambiguous)
+        + f"\nRules, in order:\n{_list_rules(rules)}"
     )
   return jax.tree.unflatten(jax.tree.structure(params), specs)
 

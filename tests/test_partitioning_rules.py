@@ -47,6 +47,23 @@ def test_first_match_wins_and_scalars_need_no_rule():
   assert jax.tree.structure(specs, is_leaf=lambda x: isinstance(x, P)) == jax.tree.structure(PARAMS)
 
 
+def test_strict_mode_names_params_that_rules_disagree_on():
+  rules = [
+      (r"mlp/wi/kernel$", P("data", "model")),
+      (r"mlp/.*/kernel$", ("model", None)),  # also matches wi: a different spec
+      (r"ln/scale$", P()),
+      (r".*", None),  # a catch-all is not an ambiguity
+  ]
+  with pytest.raises(PartitionError) as e:
+    match_partition_rules(rules, PARAMS, strict=True)
+  problems = str(e.value).split("Rules, in order")[0]
+  assert "decoder/layers_0/mlp/wi/kernel: rules [0, 1]" in problems
+  assert "mlp/wo" not in problems and "ln/scale" not in problems
+  agreeing = [(r"kernel$", P("model")), (r"mlp/wo/kernel$", P("model")), (r".*", P())]
+  assert match_partition_rules(agreeing, PARAMS, strict=True)["decoder"]["layers_0"]["mlp"][
+      "wo"]["kernel"] == P("model")
+
+
 def test_rules_work_on_shape_dtype_structs():
   params = {"w": jax.ShapeDtypeStruct((4, 2), jnp.bfloat16)}
   assert match_partition_rules([("w", P("data"))], params) == {"w": P("data")}
