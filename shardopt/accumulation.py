@@ -36,9 +36,13 @@ def trace(
 ) -> base.GradientTransformation:
   """Momentum: ``trace = g + decay * trace``; the update is the new trace.
 
-  With ``nesterov`` the update is ``g + decay * trace`` of the new trace
-  (Sutskever et al., 2013). ``accumulator_dtype`` sets the trace's storage
-  dtype (default: the params').
+  With ``nesterov`` the update is ``g + decay * trace`` of the new trace.
+  ``accumulator_dtype`` sets the trace's storage dtype (default: the params').
+
+  References: Polyak, "Some methods of speeding up the convergence of
+  iteration methods", USSR Comput. Math. Math. Phys., 1964 (heavy ball);
+  Sutskever et al., "On the importance of initialization and momentum in deep
+  learning", ICML 2013 (https://proceedings.mlr.press/v28/sutskever13.html).
   """
   accumulator_dtype = canonical_dtype(accumulator_dtype)
 
@@ -76,8 +80,11 @@ def ema(
 ) -> base.GradientTransformation:
   """Exponential moving average: ``ema = (1 - decay) * g + decay * ema``.
 
-  With ``debias`` the update is divided by ``1 - decay**count`` (as in Adam,
-  Kingma & Ba, 2015) so early steps are not biased towards zero.
+  With ``debias`` the update is divided by ``1 - decay**count`` so early
+  steps are not biased towards zero.
+
+  Reference: Kingma & Ba, "Adam: A Method for Stochastic Optimization", 2014
+  (https://arxiv.org/abs/1412.6980), Sec. 3 (bias correction).
   """
   accumulator_dtype = canonical_dtype(accumulator_dtype)
 

@@ -92,10 +92,13 @@ def scale_by_adam(
 ) -> base.GradientTransformation:
   """Adam's rescaling ``mu_hat / (sqrt(nu_hat + eps_root) + eps)``.
 
-  Kingma & Ba, "Adam: A Method for Stochastic Optimization", 2015; with
-  ``nesterov``, Dozat, "Incorporating Nesterov Momentum into Adam", 2016.
   ``mu_dtype``/``nu_dtype`` set the storage dtypes of the two moments
   (default: the params'); ``nu_dtype`` is a shardopt extension.
+
+  References: Kingma & Ba, "Adam: A Method for Stochastic Optimization", 2014
+  (https://arxiv.org/abs/1412.6980); with ``nesterov``, Dozat, "Incorporating
+  Nesterov Momentum into Adam", ICLR workshop 2016
+  (https://openreview.net/forum?id=OM0jvwB8jIp57ZJjtNEZ).
   """
   mu_dtype = canonical_dtype(mu_dtype)
   nu_dtype = canonical_dtype(nu_dtype)
@@ -127,8 +130,10 @@ def scale_by_radam(
   """Rectified Adam: Adam's step times the variance rectification ``r``.
 
   While the approximated SMA length ``rho`` is below ``threshold`` the update
-  is the debiased momentum alone. Liu et al., "On the Variance of the
-  Adaptive Learning Rate and Beyond", 2020.
+  is the debiased momentum alone.
+
+  Reference: Liu et al., "On the Variance of the Adaptive Learning Rate and
+  Beyond", 2019 (https://arxiv.org/abs/1908.03265).
   """
   rho_inf = 2.0 / (1.0 - b2) - 1.0
 
@@ -171,8 +176,11 @@ def scale_by_rss(
 ) -> base.GradientTransformation:
   """Adagrad's rescaling by ``1 / sqrt(sum of squared updates + eps)``.
 
-  Coordinates whose sum is still zero get a zero update. Duchi et al.,
-  "Adaptive Subgradient Methods for Online Learning", 2011.
+  Coordinates whose sum is still zero get a zero update.
+
+  Reference: Duchi et al., "Adaptive Subgradient Methods for Online Learning
+  and Stochastic Optimization", JMLR 2011
+  (https://jmlr.org/papers/v12/duchi11a.html).
   """
 
   def init_fn(params):
@@ -240,8 +248,10 @@ def scale_by_rms(
 
   ``eps`` goes inside the root unless ``eps_in_sqrt`` is False;
   ``bias_correction`` debiases the average (the state then has a count).
-  Tieleman & Hinton, Coursera "Neural Networks for Machine Learning",
-  lecture 6.5, 2012.
+
+  Reference: Tieleman & Hinton, "Lecture 6.5 - rmsprop", Coursera: Neural
+  Networks for Machine Learning, 2012
+  (https://www.cs.toronto.edu/~tijmen/csc321/slides/lecture_slides_lec6.pdf).
   """
 
   def init_fn(params):
@@ -277,8 +287,10 @@ def scale_by_stddev(
 ) -> base.GradientTransformation:
   """Centred RMSProp: rescales by the root of ``E[g**2] - |E[g]|**2``.
 
-  Options as in ``scale_by_rms``. Graves, "Generating Sequences With
-  Recurrent Neural Networks", 2013.
+  Options as in ``scale_by_rms``.
+
+  Reference: Graves, "Generating Sequences With Recurrent Neural Networks",
+  2013 (https://arxiv.org/abs/1308.0850).
   """
 
   def init_fn(params):

@@ -101,8 +101,10 @@ def adamw(
   """Adam with weight decay decoupled from the gradient's scaling.
 
   ``mask`` (a tree of bools or a function of the params) selects the params
-  that decay. Reference: Loshchilov & Hutter, "Decoupled Weight Decay
-  Regularization", ICLR 2019 (https://arxiv.org/abs/1711.05101).
+  that decay.
+
+  Reference: Loshchilov & Hutter, "Decoupled Weight Decay Regularization",
+  ICLR 2019 (https://arxiv.org/abs/1711.05101).
   """
   return combine.chain(
       adaptive.scale_by_adam(
@@ -172,9 +174,13 @@ def rmsprop(
 ) -> _Extra:
   """RMSProp; ``centered`` divides by the standard deviation instead.
 
-  Momentum, if any, is applied after the learning rate. References: Hinton,
-  "Neural Networks for Machine Learning", lecture 6e, 2012; Graves,
-  "Generating Sequences With Recurrent Neural Networks", 2013 (centered).
+  Momentum, if any, is applied after the learning rate.
+
+  References: Tieleman & Hinton, "Lecture 6.5 - rmsprop", Coursera: Neural
+  Networks for Machine Learning, 2012
+  (https://www.cs.toronto.edu/~tijmen/csc321/slides/lecture_slides_lec6.pdf);
+  Graves, "Generating Sequences With Recurrent Neural Networks", 2013
+  (https://arxiv.org/abs/1308.0850) for ``centered``.
   """
   scale_by = adaptive.scale_by_stddev if centered else adaptive.scale_by_rms
   if momentum is None:
@@ -212,7 +218,8 @@ def adagrad(
   """Adagrad: divides by the root of the summed squared gradients.
 
   Reference: Duchi et al., "Adaptive Subgradient Methods for Online Learning
-  and Stochastic Optimization", JMLR 2011.
+  and Stochastic Optimization", JMLR 2011
+  (https://jmlr.org/papers/v12/duchi11a.html).
   """
   return combine.chain(
       adaptive.scale_by_rss(
@@ -257,9 +264,10 @@ def noisy_sgd(
 ) -> _Extra:
   """SGD on gradients plus Gaussian noise of variance ``eta / (1 + t)**gamma``.
 
-  ``seed`` is optax's deprecated spelling of ``key``. Reference: Neelakantan
-  et al., "Adding Gradient Noise Improves Learning for Very Deep Networks",
-  2015 (https://arxiv.org/abs/1511.06807).
+  ``seed`` is optax's deprecated spelling of ``key``.
+
+  Reference: Neelakantan et al., "Adding Gradient Noise Improves Learning for
+  Very Deep Networks", 2015 (https://arxiv.org/abs/1511.06807).
   """
   return combine.chain(
       perturbation.add_noise(eta, gamma, key, seed=seed),
@@ -286,9 +294,10 @@ def adafactor(
   Each optional stage is skipped when its argument is None/False: block-RMS
   clipping (``clipping_threshold``), the learning rate, scaling by the
   param's block RMS (``multiply_by_parameter_scale``), momentum (an EMA in
-  ``dtype_momentum``) and weight decay. Reference: Shazeer & Stern,
-  "Adafactor: Adaptive Learning Rates with Sublinear Memory Cost", ICML 2018
-  (https://arxiv.org/abs/1804.04235).
+  ``dtype_momentum``) and weight decay.
+
+  Reference: Shazeer & Stern, "Adafactor: Adaptive Learning Rates with
+  Sublinear Memory Cost", ICML 2018 (https://arxiv.org/abs/1804.04235).
   """
   stages = [factorized.scale_by_factored_rms(
       factored, decay_rate, decay_offset, min_dim_size_to_factor, eps)]

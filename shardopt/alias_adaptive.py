@@ -57,7 +57,12 @@ def adabelief(
     *,
     nesterov: bool = False,
 ) -> _Extra:
-  """AdaBelief (Zhuang et al., 2020, https://arxiv.org/abs/2010.07468)."""
+  """AdaBelief: Adam dividing by the variance of the gradient around its EMA.
+
+  Reference: Zhuang et al., "AdaBelief Optimizer: Adapting Stepsizes by the
+  Belief in Observed Gradients", NeurIPS 2020
+  (https://arxiv.org/abs/2010.07468).
+  """
   return combine.chain(
       adaptive_variants.scale_by_belief(b1=b1, b2=b2, eps=eps,
                                         eps_root=eps_root, nesterov=nesterov),
@@ -72,8 +77,11 @@ def adadelta(
     weight_decay: base.ScalarOrSchedule = 0.0,
     weight_decay_mask: MaskOrFn = None,
 ) -> _Extra:
-  """Adadelta (Zeiler, 2012, https://arxiv.org/abs/1212.5701); the weight
-  decay is added to the gradient before the rescaling."""
+  """Adadelta; the weight decay is added to the gradient before rescaling.
+
+  Reference: Zeiler, "ADADELTA: An Adaptive Learning Rate Method", 2012
+  (https://arxiv.org/abs/1212.5701).
+  """
   return combine.chain(
       weight_decay_lib.add_decayed_weights(weight_decay, mask=weight_decay_mask),
       adaptive_variants.scale_by_adadelta(rho=rho, eps=eps),
@@ -87,7 +95,11 @@ def adamax(
     b2: jax.typing.ArrayLike = 0.999,
     eps: jax.typing.ArrayLike = 1e-8,
 ) -> _Extra:
-  """Adamax (Kingma & Ba, 2014, https://arxiv.org/abs/1412.6980, Sec. 7.1)."""
+  """Adamax: Adam with an infinity-norm second moment.
+
+  Reference: Kingma & Ba, "Adam: A Method for Stochastic Optimization", 2014
+  (https://arxiv.org/abs/1412.6980), Sec. 7.1.
+  """
   return combine.chain(
       adaptive_variants.scale_by_adamax(b1=b1, b2=b2, eps=eps),
       scaling.scale_by_learning_rate(learning_rate),
@@ -102,8 +114,13 @@ def adamaxw(
     weight_decay: base.ScalarOrSchedule = 1e-4,
     mask: MaskOrFn = None,
 ) -> _Extra:
-  """Adamax with decoupled weight decay (Loshchilov & Hutter, 2019,
-  https://arxiv.org/abs/1711.05101)."""
+  """Adamax with decoupled weight decay.
+
+  References: Kingma & Ba, "Adam: A Method for Stochastic Optimization", 2014
+  (https://arxiv.org/abs/1412.6980), Sec. 7.1; Loshchilov & Hutter,
+  "Decoupled Weight Decay Regularization", ICLR 2019
+  (https://arxiv.org/abs/1711.05101).
+  """
   return descend(adaptive_variants.scale_by_adamax(b1=b1, b2=b2, eps=eps),
                   learning_rate, weight_decay, mask)
 
@@ -118,7 +135,11 @@ def adan(
     weight_decay: base.ScalarOrSchedule = 0.0,
     mask: MaskOrFn = None,
 ) -> _Extra:
-  """Adan (Xie et al., 2022, https://arxiv.org/abs/2208.06677)."""
+  """Adan: adaptive Nesterov momentum, with decoupled weight decay.
+
+  Reference: Xie et al., "Adan: Adaptive Nesterov Momentum Algorithm for
+  Faster Optimizing Deep Models", 2022 (https://arxiv.org/abs/2208.06677).
+  """
   return descend(
       adaptive_variants.scale_by_adan(b1=b1, b2=b2, b3=b3, eps=eps,
                                       eps_root=eps_root),
@@ -135,7 +156,11 @@ def amsgrad(
     bias_correction_mu: bool = True,
     bias_correction_nu: bool = True,
 ) -> _Extra:
-  """AMSGrad (Reddi et al., 2018, https://openreview.net/forum?id=ryQu7f-RZ)."""
+  """AMSGrad: Adam dividing by the running maximum of the second moment.
+
+  Reference: Reddi et al., "On the Convergence of Adam and Beyond", ICLR 2018
+  (https://openreview.net/forum?id=ryQu7f-RZ).
+  """
   return combine.chain(
       adaptive_variants.scale_by_amsgrad(
           b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype,
@@ -153,8 +178,11 @@ def nadam(
     eps_root: jax.typing.ArrayLike = 0.0,
     mu_dtype: Any | None = None,
 ) -> _Extra:
-  """NAdam: Adam with Nesterov momentum (Dozat, Incorporating Nesterov
-  Momentum into Adam, 2016, https://openreview.net/pdf?id=OM0jvwB8jIp57ZJjtNEZ)."""
+  """NAdam: Adam with Nesterov momentum.
+
+  Reference: Dozat, "Incorporating Nesterov Momentum into Adam", ICLR workshop
+  2016 (https://openreview.net/forum?id=OM0jvwB8jIp57ZJjtNEZ).
+  """
   return alias.adam(learning_rate, b1=b1, b2=b2, eps=eps, eps_root=eps_root,
                     mu_dtype=mu_dtype, nesterov=True)
 
@@ -169,8 +197,13 @@ def nadamw(
     weight_decay: base.ScalarOrSchedule = 1e-4,
     mask: MaskOrFn = None,
 ) -> _Extra:
-  """NAdamW: NAdam (Dozat, 2016) with decoupled weight decay (Loshchilov &
-  Hutter, 2019, https://arxiv.org/abs/1711.05101)."""
+  """NAdamW: NAdam with decoupled weight decay.
+
+  References: Dozat, "Incorporating Nesterov Momentum into Adam", ICLR
+  workshop 2016 (https://openreview.net/forum?id=OM0jvwB8jIp57ZJjtNEZ);
+  Loshchilov & Hutter, "Decoupled Weight Decay Regularization", ICLR 2019
+  (https://arxiv.org/abs/1711.05101).
+  """
   return alias.adamw(learning_rate, b1=b1, b2=b2, eps=eps, eps_root=eps_root,
                      mu_dtype=mu_dtype, weight_decay=weight_decay, mask=mask,
                      nesterov=True)
@@ -184,8 +217,12 @@ def novograd(
     eps_root: jax.typing.ArrayLike = 0.0,
     weight_decay: base.ScalarOrSchedule = 0.0,
 ) -> _Extra:
-  """NovoGrad (Ginsburg et al., 2019, https://arxiv.org/abs/1905.11286);
-  needs the params."""
+  """NovoGrad: layer-wise second moments; needs the params.
+
+  Reference: Ginsburg et al., "Stochastic Gradient Methods with Layer-wise
+  Adaptive Moments for Training of Deep Networks", 2019
+  (https://arxiv.org/abs/1905.11286).
+  """
   return combine.chain(
       layerwise_adaptive.scale_by_novograd(b1=b1, b2=b2, eps=eps,
                                           eps_root=eps_root,
@@ -200,7 +237,11 @@ def yogi(
     b2: jax.typing.ArrayLike = 0.999,
     eps: jax.typing.ArrayLike = 1e-3,
 ) -> _Extra:
-  """Yogi (Zaheer et al., 2018, https://papers.nips.cc/paper/8186)."""
+  """Yogi: Adam with an additive, sign-controlled second-moment update.
+
+  Reference: Zaheer et al., "Adaptive Methods for Nonconvex Optimization",
+  NeurIPS 2018 (https://papers.nips.cc/paper/8186).
+  """
   return combine.chain(
       adaptive_variants.scale_by_yogi(b1=b1, b2=b2, eps=eps),
       scaling.scale_by_learning_rate(learning_rate),
@@ -212,8 +253,13 @@ def optimistic_gradient_descent(
     alpha: jax.typing.ArrayLike = 1.0,
     beta: jax.typing.ArrayLike = 1.0,
 ) -> _Extra:
-  """Optimistic gradient descent for min-max games (Mokhtari et al., 2019,
-  https://arxiv.org/abs/1901.08511)."""
+  """Optimistic gradient descent for min-max games.
+
+  References: Mokhtari et al., "A Unified Analysis of Extra-gradient and
+  Optimistic Gradient Methods for Saddle Point Problems", AISTATS 2020
+  (https://arxiv.org/abs/1901.08511); Daskalakis et al., "Training GANs with
+  Optimism", ICLR 2018 (https://arxiv.org/abs/1711.00141).
+  """
   return combine.chain(
       direction_rules.scale_by_optimistic_gradient(alpha=alpha, beta=beta),
       scaling.scale_by_learning_rate(learning_rate),
@@ -230,8 +276,11 @@ def lars(
     momentum: jax.typing.ArrayLike = 0.9,
     nesterov: bool = False,
 ) -> _Extra:
-  """LARS: layer-wise trust ratio, then momentum (You et al., Large Batch
-  Training of Convolutional Networks, 2017, https://arxiv.org/abs/1708.03888)."""
+  """LARS: layer-wise trust ratio, then momentum.
+
+  Reference: You et al., "Large Batch Training of Convolutional Networks",
+  2017 (https://arxiv.org/abs/1708.03888).
+  """
   return combine.chain(
       weight_decay_lib.add_decayed_weights(weight_decay, mask=weight_decay_mask),
       masking.masked(

@@ -38,13 +38,21 @@ def lion(
     weight_decay: base.ScalarOrSchedule = 1e-3,
     mask: MaskOrFn = None,
 ) -> _Extra:
-  """Lion (Chen et al., 2023, https://arxiv.org/abs/2302.06675)."""
+  """Lion: the sign of an interpolated momentum, with decoupled weight decay.
+
+  Reference: Chen et al., "Symbolic Discovery of Optimization Algorithms",
+  NeurIPS 2023 (https://arxiv.org/abs/2302.06675).
+  """
   return descend(sign_methods.scale_by_lion(b1=b1, b2=b2, mu_dtype=mu_dtype),
                   learning_rate, weight_decay, mask)
 
 
 def sign_sgd(learning_rate: base.ScalarOrSchedule) -> _Extra:
-  """signSGD (Bernstein et al., 2018, https://arxiv.org/abs/1802.04434)."""
+  """signSGD: steps along the sign of the gradient.
+
+  Reference: Bernstein et al., "signSGD: Compressed Optimisation for
+  Non-Convex Problems", ICML 2018 (https://arxiv.org/abs/1802.04434).
+  """
   return combine.chain(sign_methods.scale_by_sign(),
                        scaling.scale_by_learning_rate(learning_rate))
 
@@ -54,8 +62,11 @@ def signum(
     beta: jax.typing.ArrayLike = 0.9,
     accumulator_dtype: Any | None = None,
 ) -> _Extra:
-  """Signum: the sign of an (undebiased) EMA of the gradients (Bernstein et
-  al., 2018, https://arxiv.org/abs/1802.04434)."""
+  """Signum: the sign of an (undebiased) EMA of the gradients.
+
+  Reference: Bernstein et al., "signSGD: Compressed Optimisation for
+  Non-Convex Problems", ICML 2018 (https://arxiv.org/abs/1802.04434).
+  """
   return combine.chain(
       accumulation.ema(beta, debias=False, accumulator_dtype=accumulator_dtype),
       sign_methods.scale_by_sign(),
@@ -70,8 +81,12 @@ def rprop(
     min_step_size: jax.typing.ArrayLike = 1e-6,
     max_step_size: jax.typing.ArrayLike = 50.0,
 ) -> _Extra:
-  """Rprop (Riedmiller & Braun, 1993, https://doi.org/10.1109/ICNN.1993.298623);
-  ``learning_rate`` is the initial per-coordinate step size."""
+  """Rprop; ``learning_rate`` is the initial per-coordinate step size.
+
+  Reference: Riedmiller & Braun, "A Direct Adaptive Method for Faster
+  Backpropagation Learning: The RPROP Algorithm", ICNN 1993
+  (https://doi.org/10.1109/ICNN.1993.298623).
+  """
   return combine.chain(
       sign_methods.scale_by_rprop(
           learning_rate=learning_rate, eta_minus=eta_minus, eta_plus=eta_plus,
@@ -87,9 +102,14 @@ def polyak_sgd(
     eps: jax.typing.ArrayLike = 0.0,
     variant: str = "sps",
 ) -> _Extra:
-  """SGD with Polyak's step size (Loizou et al., 2021,
-  https://arxiv.org/abs/2002.10542): ``scaling`` (a scalar or schedule)
-  multiplies the gradient before the Polyak step; ``update`` needs ``value=``.
+  """SGD with Polyak's step size; ``update`` needs ``value=``.
+
+  ``scaling`` (a scalar or schedule) multiplies the gradient before the
+  Polyak step.
+
+  Reference: Loizou et al., "Stochastic Polyak Step-size for SGD: An Adaptive
+  Learning Rate for Fast Convergence", AISTATS 2021
+  (https://arxiv.org/abs/2002.10542).
   """
   return combine.chain(
       alias.sgd(learning_rate=scaling),
@@ -106,10 +126,18 @@ def lbfgs(
         zoom_linesearch.scale_by_zoom_linesearch(
             max_linesearch_steps=20, initial_guess_strategy="one")),
 ) -> _Extra:
-  """L-BFGS with a zoom line search (Nocedal & Wright, Numerical Optimization,
-  1999, Algorithms 7.4, 7.5). Without ``learning_rate`` the direction is
-  negated and left to the line search; ``linesearch=None`` takes it as is.
-  ``update`` needs ``value=``, ``grad=`` and ``value_fn=`` for the search."""
+  """L-BFGS with a zoom line search.
+
+  Without ``learning_rate`` the direction is negated and left to the line
+  search; ``linesearch=None`` takes it as is. ``update`` needs ``value=``,
+  ``grad=`` and ``value_fn=`` for the search.
+
+  References: Nocedal, "Updating Quasi-Newton Matrices with Limited Storage",
+  Math. Comp. 1980 (https://doi.org/10.1090/S0025-5718-1980-0572855-7); Liu &
+  Nocedal, "On the limited memory BFGS method for large scale optimization",
+  Math. Prog. 1989 (https://doi.org/10.1007/BF01589116); Nocedal & Wright,
+  Numerical Optimization, 1999, Algorithms 7.4, 7.5.
+  """
   if learning_rate is None:
     step = scaling.scale(-1.0)
   else:

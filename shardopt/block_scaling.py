@@ -30,7 +30,11 @@ def _per_param_block(name: str, scale_fn) -> base.GradientTransformation:
 def scale_by_param_block_norm(
     min_scale: jax.typing.ArrayLike = 1e-3,
 ) -> base.GradientTransformation:
-  """Multiplies each update by max(L2 norm of its param, ``min_scale``)."""
+  """Multiplies each update by max(L2 norm of its param, ``min_scale``).
+
+  Reference: the relative step size of Shazeer & Stern, 2018
+  (https://arxiv.org/abs/1804.04235), Sec. 8, with the L2 norm for the RMS.
+  """
   return _per_param_block(
       "scale_by_param_block_norm",
       lambda u, p: u * numerics.safe_norm(p, min_scale),
@@ -40,7 +44,12 @@ def scale_by_param_block_norm(
 def scale_by_param_block_rms(
     min_scale: jax.typing.ArrayLike = 1e-3,
 ) -> base.GradientTransformation:
-  """Multiplies each update by max(RMS of its param, ``min_scale``)."""
+  """Multiplies each update by max(RMS of its param, ``min_scale``).
+
+  Reference: Shazeer & Stern, "Adafactor: Adaptive Learning Rates with
+  Sublinear Memory Cost", ICML 2018 (https://arxiv.org/abs/1804.04235),
+  Sec. 8 (relative step size).
+  """
   return _per_param_block(
       "scale_by_param_block_rms",
       lambda u, p: u * numerics.safe_root_mean_squares(p, min_scale),
@@ -55,7 +64,11 @@ def scale_by_trust_ratio(
   """Layer-wise trust ratio ``coef * |param| / (|update| + eps)`` (LARS/LAMB).
 
   Norms are floored at ``min_norm``; the ratio is 1 where either norm is 0.
-  You et al., "Large Batch Training of Convolutional Networks", 2017.
+
+  References: You et al., "Large Batch Training of Convolutional Networks"
+  (LARS), 2017 (https://arxiv.org/abs/1708.03888); You et al., "Large Batch
+  Optimization for Deep Learning: Training BERT in 76 minutes" (LAMB), 2019
+  (https://arxiv.org/abs/1904.00962).
   """
 
   def scale_leaf(u, p):

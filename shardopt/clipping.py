@@ -32,7 +32,12 @@ def clip(max_delta: jax.typing.ArrayLike) -> base.GradientTransformation:
 def clip_by_block_rms(
     threshold: jax.typing.ArrayLike,
 ) -> base.GradientTransformation:
-  """Rescales each leaf whose root-mean-square exceeds ``threshold`` to it."""
+  """Rescales each leaf whose root-mean-square exceeds ``threshold`` to it.
+
+  Reference: Adafactor's update clipping, Shazeer & Stern, "Adafactor:
+  Adaptive Learning Rates with Sublinear Memory Cost", ICML 2018
+  (https://arxiv.org/abs/1804.04235), Sec. 6.
+  """
 
   def clip_leaf(u):
     rms = jnp.sqrt(jnp.mean(numerics.abs_sq(u)))
@@ -46,8 +51,10 @@ def clip_by_global_norm(
 ) -> base.GradientTransformation:
   """Rescales all updates together when their global L2 norm exceeds max_norm.
 
-  Pascanu et al., "On the difficulty of training Recurrent Neural Networks",
-  2012. On sharded updates the norm is one all-reduce of per-leaf sums.
+  On sharded updates the norm is one all-reduce of per-leaf sums.
+
+  Reference: Pascanu et al., "On the difficulty of training Recurrent Neural
+  Networks", ICML 2013 (https://arxiv.org/abs/1211.5063).
   """
 
   def clip_all(updates, params):

@@ -132,9 +132,14 @@ def _all_finite(updates: Any) -> jax.Array:
 def apply_if_finite(
     inner: base.GradientTransformation, max_consecutive_errors: int
 ) -> base.GradientTransformationExtraArgs:
-  """Skips (zeros) updates containing NaN or Inf, keeping the inner state,
-  until more than ``max_consecutive_errors`` arrive in a row; then it gives up
-  and applies them."""
+  """Skips (zeros) updates containing NaN or Inf, keeping the inner state.
+
+  Once more than ``max_consecutive_errors`` arrive in a row it gives up and
+  applies them.
+
+  Reference: the skipped step of dynamic loss scaling, Micikevicius et al.,
+  "Mixed Precision Training", ICLR 2018 (https://arxiv.org/abs/1710.03740).
+  """
   inner = base.with_extra_args_support(inner)
 
   def init_fn(params):

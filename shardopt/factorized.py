@@ -93,6 +93,9 @@ def scale_by_factored_rms(
 
   ``params`` are optional in ``update``: shapes come from the updates and the
   statistics keep the dtype they were initialised with (the param's).
+
+  Reference: Shazeer & Stern, "Adafactor: Adaptive Learning Rates with
+  Sublinear Memory Cost", ICML 2018 (https://arxiv.org/abs/1804.04235).
   """
 
   def dims_of(shape):

@@ -31,6 +31,10 @@ def apply_every(k: int = 1) -> base.GradientTransformation:
 
   Transformations chained before it still update their state every step; use
   ``MultiSteps`` to hold the whole optimizer between applications.
+
+  Reference: gradient accumulation ("delayed updates") as in Ott et al.,
+  "Scaling Neural Machine Translation", WMT 2018
+  (https://arxiv.org/abs/1806.00187).
   """
 
   def init_fn(params):
@@ -94,6 +98,10 @@ class MultiSteps:
   the effective batch size). A mini-step for which ``should_skip_update_fn``
   returns True (see ``skip_not_finite``, ``skip_large_updates``) leaves the
   state as if it had not happened.
+
+  Reference: gradient accumulation ("delayed updates") as in Ott et al.,
+  "Scaling Neural Machine Translation", WMT 2018
+  (https://arxiv.org/abs/1806.00187).
   """
 
   def __init__(

@@ -51,8 +51,10 @@ def add_noise(
   """Adds N(0, eta / t**gamma) noise to the updates at step t (from 1).
 
   ``key`` is a PRNG key or an int seed; ``seed`` is the deprecated spelling
-  of an int key. Neelakantan et al., "Adding Gradient Noise Improves
-  Learning for Very Deep Networks", 2015.
+  of an int key.
+
+  Reference: Neelakantan et al., "Adding Gradient Noise Improves Learning for
+  Very Deep Networks", 2015 (https://arxiv.org/abs/1511.06807).
   """
   if seed is not None:
     warnings.warn(

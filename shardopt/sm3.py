@@ -83,6 +83,9 @@ def scale_by_sm3(
     b2: decay of the accumulated squared gradients; 1.0 (the default) sums
       them as in the paper, otherwise an EMA with weight ``1 - b2``.
     eps: added to the accumulator inside the inverse square root.
+
+  Reference: Anil et al., "Memory-Efficient Adaptive Optimization", NeurIPS
+  2019 (https://arxiv.org/abs/1901.11150), Alg. SM3-II.
   """
   grad_sq_weight = 1.0 if b2 == 1.0 else 1.0 - b2
 

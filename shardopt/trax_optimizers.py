@@ -71,7 +71,11 @@ def trax_adam(
   """trax's Adam: ``w <- (1 - wd) w - lr * m_hat / (sqrt(v_hat) + eps)``.
 
   Gradients are first clipped to global norm ``clip_grad_norm`` when given.
-  Reference: Kingma & Ba, https://arxiv.org/abs/1412.6980.
+
+  Reference: Kingma & Ba, "Adam: A Method for Stochastic Optimization", 2014
+  (https://arxiv.org/abs/1412.6980); decoupled decay as in Loshchilov &
+  Hutter, "Decoupled Weight Decay Regularization", ICLR 2019
+  (https://arxiv.org/abs/1711.05101).
   """
   return chain(
       *_optional_clip(clip_grad_norm),
@@ -90,8 +94,13 @@ def trax_momentum(
   """trax's momentum SGD, Nesterov by default.
 
   ``v <- mass * v + g``; the step is ``mass * v + g`` (Nesterov) or ``v``;
-  ``w <- (1 - wd) w - lr * step``. Reference: Sutskever et al. 2013, in the
-  form of Bengio et al. 2012, https://arxiv.org/abs/1212.0901.
+  ``w <- (1 - wd) w - lr * step``.
+
+  References: Sutskever et al., "On the importance of initialization and
+  momentum in deep learning", ICML 2013
+  (https://proceedings.mlr.press/v28/sutskever13.html); Nesterov's form as in
+  Bengio et al., "Advances in Optimizing Recurrent Networks", 2012
+  (https://arxiv.org/abs/1212.0901).
   """
   return chain(
       trace(decay=mass, nesterov=nesterov),
@@ -108,7 +117,11 @@ def trax_rmsprop(
 ) -> base.GradientTransformation:
   """trax's RMSProp: ``v <- gamma v + (1 - gamma) g^2`` from ``v = 1``.
 
-  ``w <- w - lr * g / (sqrt(v) + eps)``. Reference: Tieleman & Hinton 2012.
+  ``w <- w - lr * g / (sqrt(v) + eps)``.
+
+  Reference: Tieleman & Hinton, "Lecture 6.5 - rmsprop", Coursera: Neural
+  Networks for Machine Learning, 2012
+  (https://www.cs.toronto.edu/~tijmen/csc321/slides/lecture_slides_lec6.pdf).
   """
   return chain(
       *_optional_clip(clip_grad_norm),
@@ -153,7 +166,7 @@ def trax_adafactor(
     epsilon1: float = 1e-16,
     epsilon2: float = 1e-3,
 ) -> base.GradientTransformation:
-  """trax's Adafactor (Shazeer & Stern 2018, https://arxiv.org/abs/1804.04235).
+  """trax's Adafactor: factored second moments, update clipping, param scale.
 
   At step t (from 0): ``rho = 1 - (t + 1) ** -decay_rate``; the second moment
   of ``g^2 + epsilon1`` is averaged with ``rho``, factored over the last two
@@ -164,6 +177,9 @@ def trax_adafactor(
   ``do_momentum`` (momentum kept in bfloat16 when ``momentum_in_bfloat16``);
   ``w <- (1 - wd) w - step``, with decay only for steps
   ``t < weight_decay_n_steps`` when that is positive (always when 0 or None).
+
+  Reference: Shazeer & Stern, "Adafactor: Adaptive Learning Rates with
+  Sublinear Memory Cost", ICML 2018 (https://arxiv.org/abs/1804.04235).
   """
   momentum_dtype = jnp.bfloat16 if momentum_in_bfloat16 else jnp.float32
 
@@ -289,7 +305,7 @@ def trax_sm3(
     weight_decay: float = 0.0,
     momentum_type: MomentumType = MomentumType.EMA,
 ) -> base.GradientTransformation:
-  """trax's SM3 (Anil et al. 2019, https://arxiv.org/abs/1901.11150).
+  """trax's SM3: cover-based adaptive rates with a choice of momentum.
 
   Per param: ``a = min_i cover_i`` (broadcast), ``a <- beta2 a + c g^2`` with
   ``beta2 = second_moment_averaging`` and ``c = 1`` when ``beta2 == 1`` else
@@ -298,6 +314,9 @@ def trax_sm3(
   ``m <- b m + pg``, step ``m``; Nesterov ``m <- b m + pg``, step
   ``b m + pg``; ``w <- w - lr * step``; each cover becomes the max of ``a``
   over the other dimensions.
+
+  Reference: Anil et al., "Memory-Efficient Adaptive Optimization", NeurIPS
+  2019 (https://arxiv.org/abs/1901.11150).
   """
   beta2 = second_moment_averaging
   gain = 1.0 if beta2 == 1.0 else 1.0 - beta2

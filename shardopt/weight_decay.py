@@ -32,8 +32,10 @@ def add_decayed_weights(
 
   ``weight_decay`` is a scalar or a schedule of the step count. ``mask`` (a
   tree or prefix tree of bools, or a function of the params returning one)
-  restricts the decay to the leaves marked True. Loshchilov & Hutter,
-  "Decoupled Weight Decay Regularization", 2019.
+  restricts the decay to the leaves marked True.
+
+  Reference: Loshchilov & Hutter, "Decoupled Weight Decay Regularization",
+  ICLR 2019 (https://arxiv.org/abs/1711.05101).
   """
   scheduled = callable(weight_decay)
 
