@@ -33,6 +33,7 @@ __all__ = [
     "set_to_zero",
     "stateless",
     "stateless_with_tree_map",
+    "value_at",
     "with_extra_args_support",
 ]
 
@@ -41,6 +42,11 @@ Updates = Any
 OptState = Any
 Schedule = Callable[[jax.typing.ArrayLike], jax.typing.ArrayLike]
 ScalarOrSchedule = float | jax.Array | Schedule
+
+
+def value_at(hyperparam: ScalarOrSchedule, count) -> jax.typing.ArrayLike:
+  """A scalar-or-schedule hyperparameter's value at step ``count``."""
+  return hyperparam(count) if callable(hyperparam) else hyperparam
 
 
 class TransformInitFn(Protocol):
