@@ -13,7 +13,6 @@ import jax.numpy as jnp
 from shardopt import base
 from shardopt import numerics
 from shardopt import tree
-from shardopt.linesearch import real_inner
 
 __all__ = ["ScaleByLBFGSState", "scale_by_lbfgs"]
 
@@ -55,7 +54,7 @@ def _two_loop(updates, diff_params, diff_updates, weights, identity_scale,
 
   def backward(vec, i):
     dw, du = slot(i)
-    alpha = weights[i] * real_inner(dw, vec)
+    alpha = weights[i] * tree.tree_vdot(dw, vec)
     return _axpy(-alpha, du, vec), alpha
 
   vec, alphas = jax.lax.scan(backward, updates, order, reverse=True)
@@ -64,7 +63,7 @@ def _two_loop(updates, diff_params, diff_updates, weights, identity_scale,
   def forward(vec, i_alpha):
     i, alpha = i_alpha
     dw, du = slot(i)
-    beta = weights[i] * real_inner(du, vec)
+    beta = weights[i] * tree.tree_vdot(du, vec)
     return _axpy(alpha - beta, dw, vec), beta
 
   vec, _ = jax.lax.scan(forward, vec, (order, alphas))
@@ -111,7 +110,7 @@ def scale_by_lbfgs(
     newest = (state.count - 1) % memory_size
     dw = tree.tree_sub(params, state.params)
     du = tree.tree_sub(updates, state.updates)
-    curvature = real_inner(du, dw)
+    curvature = tree.tree_vdot(du, dw)
     weight = jnp.where(curvature == 0.0, 0.0, 1.0 / curvature)
     # Nothing to remember before the first step.
     dw, du, weight = jax.tree.map(

@@ -13,7 +13,6 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding, PartitionSpec
 
 from shardopt import base
 from shardopt import tree
@@ -42,27 +41,6 @@ def along(params: Any, stepsize, updates: Any) -> Any:
   """``params + stepsize * updates``."""
   stepsize = jnp.asarray(stepsize)
   return jax.tree.map(lambda p, u: p + stepsize * u, params, updates)
-
-
-def _leaf_inner(a: jax.Array, b: jax.Array) -> jax.Array:
-  """Re <a, b> of one leaf, contracting all axes at the highest precision.
-
-  On a mesh whose axes are all Explicit the contraction over sharded axes
-  needs a stated (replicated) output sharding; ``jnp.vdot`` would also ravel
-  the leaf, which such meshes reject.
-  """
-  a, b = jnp.asarray(a), jnp.asarray(b)
-  mesh = jax.typeof(a).sharding.mesh
-  explicit = not mesh.empty and mesh.are_all_axes_explicit
-  out_sharding = NamedSharding(mesh, PartitionSpec()) if explicit else None
-  return jnp.tensordot(jnp.conj(a), b, a.ndim, out_sharding=out_sharding,
-                       precision=jax.lax.Precision.HIGHEST).real
-
-
-def real_inner(x: Any, y: Any) -> jax.Array:
-  """Re <x, y> summed over the leaves (a replicated scalar)."""
-  return sum(jax.tree.leaves(jax.tree.map(_leaf_inner, x, y)),
-             jnp.zeros([], jnp.float32))
 
 
 def cast_like(x: Any, like: Any) -> Any:
@@ -147,7 +125,7 @@ def scale_by_backtracking_linesearch(
     fn_kwargs = split_fn_kwargs(
         "scale_by_backtracking_linesearch", value_fn, extra_args)
     objective = lambda p: value_fn(p, **fn_kwargs)  # noqa: E731
-    initial_slope = real_inner(updates, grad)
+    initial_slope = tree.tree_vdot(updates, grad)
 
     def decrease_error(lr, new_value):
       error = new_value - (1.0 + rtol) * value - lr * slope_rtol * initial_slope

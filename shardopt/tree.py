@@ -8,6 +8,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
 
 from shardopt import numerics
 
@@ -53,11 +54,25 @@ def tree_scale(scalar, tree: Any) -> Any:
   return jax.tree.map(lambda x: scalar * x, tree)
 
 
+def _leaf_vdot(a, b) -> jax.Array:
+  """Re <a, b> of one leaf: all axes contracted at the highest precision.
+
+  ``jnp.vdot`` ravels its inputs, which a mesh whose axes are all Explicit
+  rejects for sharded leaves; contracting every axis in place works there,
+  given a stated (replicated) output sharding, and on Auto or unsharded
+  arrays alike.
+  """
+  a, b = jnp.asarray(a), jnp.asarray(b)
+  mesh = jax.typeof(a).sharding.mesh
+  explicit = not mesh.empty and mesh.are_all_axes_explicit
+  out_sharding = NamedSharding(mesh, PartitionSpec()) if explicit else None
+  return jnp.tensordot(jnp.conj(a), b, a.ndim, out_sharding=out_sharding,
+                       precision=jax.lax.Precision.HIGHEST).real
+
+
 def tree_vdot(x: Any, y: Any) -> jax.Array:
-  """Sum over leaves of <x, y> (real part), at the highest matmul precision."""
-  dots = jax.tree.map(
-      lambda a, b: jnp.vdot(a, b, precision=jax.lax.Precision.HIGHEST).real, x, y
-  )
+  """Sum over leaves of Re <x, y> (a replicated scalar), on any mesh."""
+  dots = jax.tree.map(_leaf_vdot, x, y)
   return sum(jax.tree.leaves(dots), jnp.zeros([], jnp.float32))
 
 

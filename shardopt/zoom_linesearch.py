@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from shardopt import base
 from shardopt import numerics
 from shardopt import tree
-from shardopt.linesearch import along, cast_like, real_inner, split_fn_kwargs, value_dtype
+from shardopt.linesearch import along, cast_like, split_fn_kwargs, value_dtype
 
 __all__ = [
     "ScaleByZoomLinesearchState",
@@ -261,9 +261,9 @@ def scale_by_zoom_linesearch(
     def evaluate(stepsize):
       new_value, new_grad = value_and_grad(along(params, stepsize, updates),
                                            **fn_kwargs)
-      return new_value, new_grad, real_inner(updates, new_grad)
+      return new_value, new_grad, tree.tree_vdot(updates, new_grad)
 
-    slope_init = real_inner(updates, grad)
+    slope_init = tree.tree_vdot(updates, grad)
     guess = (jnp.asarray(1.0) if initial_guess_strategy == "one"
              else state.learning_rate)
     ctx = _Context(evaluate, value, slope_init, guess)
