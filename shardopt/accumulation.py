@@ -17,12 +17,6 @@ def canonical_dtype(dtype) -> Any:
   return None if dtype is None else jax.dtypes.canonicalize_dtype(dtype)
 
 
-# ``1 - decay**count`` cancels badly for decay near 1, and XLA's compiled pow
-# differs by an ulp from the op-by-op one; always compiling the correction
-# makes eager and jitted runs give the same numbers (and optax's).
-compiled_bias_correction = jax.jit(tree.bias_correction, inline=True)
-
-
 class TraceState(NamedTuple):
   """The decayed sum of past updates."""
 
@@ -100,7 +94,7 @@ def ema(
     count = numerics.safe_increment(state.count)
     updates = new_ema
     if debias:
-      updates = compiled_bias_correction(new_ema, decay, count)
+      updates = tree.bias_correction(new_ema, decay, count)
     return updates, EmaState(count, tree.tree_cast(new_ema, accumulator_dtype))
 
   return base.GradientTransformation(init_fn, update_fn)

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from shardopt import base
 from shardopt import numerics
 from shardopt import tree
-from shardopt.accumulation import canonical_dtype, compiled_bias_correction
+from shardopt.accumulation import canonical_dtype
 
 __all__ = [
     "ScaleByAdamState",
@@ -54,7 +54,7 @@ def _update_adam_moments(updates, state, b1, b2):
   mu = tree.update_moment(updates, state.mu, b1, 1)
   nu = tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
   count = numerics.safe_increment(state.count)
-  return count, mu, nu, compiled_bias_correction(nu, b2, count)
+  return count, mu, nu, tree.bias_correction(nu, b2, count)
 
 
 def debiased_first_moment(updates, mu, b1, count, nesterov):
@@ -63,11 +63,11 @@ def debiased_first_moment(updates, mu, b1, count, nesterov):
   Dozat, 2016: ``b1 * mu / (1 - b1**(t+1)) + (1 - b1) * g / (1 - b1**t)``.
   """
   if not nesterov:
-    return compiled_bias_correction(mu, b1, count)
+    return tree.bias_correction(mu, b1, count)
   return jax.tree.map(
       lambda m, g: b1 * m + (1 - b1) * g,
-      compiled_bias_correction(mu, b1, numerics.safe_increment(count)),
-      compiled_bias_correction(updates, b1, count),
+      tree.bias_correction(mu, b1, numerics.safe_increment(count)),
+      tree.bias_correction(updates, b1, count),
   )
 
 
@@ -265,7 +265,7 @@ def scale_by_rms(
     nu = tree.update_moment_per_elem_norm(updates, state.nu, decay, 2)
     if bias_correction:
       count = numerics.safe_increment(state.count)
-      nu_hat = compiled_bias_correction(nu, decay, count)
+      nu_hat = tree.bias_correction(nu, decay, count)
       new_state = ScaleByRmsWithCountState(count=count, nu=nu)
     else:
       nu_hat = nu
@@ -306,8 +306,8 @@ def scale_by_stddev(
     nu = tree.update_moment_per_elem_norm(updates, state.nu, decay, 2)
     if bias_correction:
       count = numerics.safe_increment(state.count)
-      mu_hat = compiled_bias_correction(mu, decay, count)
-      nu_hat = compiled_bias_correction(nu, decay, count)
+      mu_hat = tree.bias_correction(mu, decay, count)
+      nu_hat = tree.bias_correction(nu, decay, count)
       new_state = ScaleByRStdDevWithCountState(count=count, mu=mu, nu=nu)
     else:
       mu_hat, nu_hat = mu, nu

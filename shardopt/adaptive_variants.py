@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from shardopt import base
 from shardopt import numerics
 from shardopt import tree
-from shardopt.accumulation import canonical_dtype, compiled_bias_correction
+from shardopt.accumulation import canonical_dtype
 from shardopt.adaptive import ScaleByAdamState, debiased_first_moment
 
 __all__ = [
@@ -124,9 +124,9 @@ def scale_by_adan(
     corrected = jax.tree.map(lambda g, d: g + (1 - b2) * d, updates, diff)
     n = tree.update_moment_per_elem_norm(corrected, state.n, b3, 2)
     t = numerics.safe_increment(state.t)
-    m_hat = compiled_bias_correction(m, b1, t)
-    v_hat = compiled_bias_correction(v, b2, t)
-    n_hat = compiled_bias_correction(n, b3, t)
+    m_hat = tree.bias_correction(m, b1, t)
+    v_hat = tree.bias_correction(v, b2, t)
+    n_hat = tree.bias_correction(n, b3, t)
     direction = jax.tree.map(lambda a, b: a + (1 - b2) * b, m_hat, v_hat)
     direction = _divide_by_root(direction, n_hat, eps, eps_root)
     return direction, ScaleByAdanState(m=m, v=v, n=n, g=updates, t=t)
@@ -157,7 +157,7 @@ def scale_by_adamax(
     count = numerics.safe_increment(state.count)
     mu = tree.update_moment(updates, state.mu, b1, 1)
     nu = tree.update_infinity_moment(updates, state.nu, b2, eps)
-    mu_hat = compiled_bias_correction(mu, b1, count)
+    mu_hat = tree.bias_correction(mu, b1, count)
     updates = jax.tree.map(lambda m, v: m / v, mu_hat, nu)
     return updates, ScaleByAdamState(count=count, mu=mu, nu=nu)
 
@@ -204,8 +204,8 @@ def scale_by_amsgrad(
     mu = tree.update_moment(updates, state.mu, b1, 1)
     nu = tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
     count = numerics.safe_increment(state.count)
-    mu_hat = compiled_bias_correction(mu, b1, count) if bias_correction_mu else mu
-    nu_eff = compiled_bias_correction(nu, b2, count) if bias_correction_nu else nu
+    mu_hat = tree.bias_correction(mu, b1, count) if bias_correction_mu else mu
+    nu_eff = tree.bias_correction(nu, b2, count) if bias_correction_nu else nu
     nu_max = jax.tree.map(jnp.maximum, state.nu_max, nu_eff)
     updates = _divide_by_root(mu_hat, nu_max, eps, eps_root)
     return updates, ScaleByAmsgradState(
@@ -252,7 +252,7 @@ def scale_by_belief(
     nu = jax.tree.map(lambda v: v + eps_root, nu)
     count = numerics.safe_increment(state.count)
     mu_hat = debiased_first_moment(updates, mu, b1, count, nesterov)
-    nu_hat = compiled_bias_correction(nu, b2, count)
+    nu_hat = tree.bias_correction(nu, b2, count)
     updates = _divide_by_root(mu_hat, nu_hat, eps, 0.0)
     return updates, ScaleByBeliefState(count=count, mu=mu, nu=nu)
 
@@ -290,8 +290,8 @@ def scale_by_yogi(
     mu = tree.update_moment(updates, state.mu, b1, 1)
     nu = jax.tree.map(second_moment, updates, state.nu)
     count = numerics.safe_increment(state.count)
-    mu_hat = compiled_bias_correction(mu, b1, count)
-    nu_hat = compiled_bias_correction(nu, b2, count)
+    mu_hat = tree.bias_correction(mu, b1, count)
+    nu_hat = tree.bias_correction(nu, b2, count)
     updates = _divide_by_root(mu_hat, nu_hat, eps, eps_root)
     return updates, ScaleByAdamState(count=count, mu=mu, nu=nu)
 

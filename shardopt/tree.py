@@ -4,6 +4,7 @@ Every helper that creates a tree does so with ``*_like`` operations on an
 existing tree, so the result keeps the shapes and shardings of its template.
 """
 
+import functools
 from typing import Any
 
 import jax
@@ -145,6 +146,10 @@ def update_moment_per_elem_norm(updates: Any, moments: Any, decay, order) -> Any
   )
 
 
+# Always compiled: ``1 - decay**count`` cancels badly for decay near 1, and
+# XLA's compiled pow differs by an ulp from the op-by-op one, so eager and
+# jitted runs (and optax's) agree only if both compile it.
+@functools.partial(jax.jit, inline=True)
 def bias_correction(moment: Any, decay, count) -> Any:
   """moment / (1 - decay**count), dividing in each moment's own dtype."""
   correction = 1 - decay**count
