@@ -39,7 +39,7 @@ from shardopt.unitwise_clipping import *  # noqa: F401,F403
 from shardopt.monitoring import *  # noqa: F401,F403
 from shardopt.linesearch import *  # noqa: F401,F403
 from shardopt.zoom_linesearch import *  # noqa: F401,F403
-from shardopt.lbfgs import *  # noqa: F401,F403
+from shardopt.quasi_newton import *  # noqa: F401,F403
 from shardopt.alias_adaptive import *  # noqa: F401,F403
 from shardopt.layerwise_adaptive import *  # noqa: F401,F403
 from shardopt.alias_sign_and_search import *  # noqa: F401,F403

@@ -12,7 +12,7 @@ from shardopt import alias
 from shardopt import base
 from shardopt import combine
 from shardopt import direction_rules
-from shardopt import lbfgs as lbfgs_lib
+from shardopt import quasi_newton
 from shardopt import scaling
 from shardopt import sign_methods
 from shardopt import zoom_linesearch
@@ -143,8 +143,8 @@ def lbfgs(
   else:
     step = scaling.scale_by_learning_rate(learning_rate)
   return combine.chain(
-      lbfgs_lib.scale_by_lbfgs(memory_size=memory_size,
-                               scale_init_precond=scale_init_precond),
+      quasi_newton.scale_by_lbfgs(memory_size=memory_size,
+                                  scale_init_precond=scale_init_precond),
       step,
       base.identity() if linesearch is None else linesearch,
   )

@@ -60,6 +60,13 @@ def test_memory_is_stacked_params_and_counts():
   assert state._fields == optax.ScaleByLBFGSState._fields
 
 
+def test_lbfgs_names_the_alias_not_a_module():
+  import shardopt.quasi_newton  # noqa: F401  (any import order)
+  assert callable(shardopt.lbfgs) and shardopt.lbfgs.__module__ == (
+      "shardopt.alias_sign_and_search")
+  assert shardopt.scale_by_lbfgs is shardopt.quasi_newton.scale_by_lbfgs
+
+
 def test_needs_params_and_positive_memory():
   with pytest.raises(ValueError, match="memory_size"):
     shardopt.scale_by_lbfgs(memory_size=0)
