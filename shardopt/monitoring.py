@@ -7,8 +7,12 @@ updates, possibly smoothed by an EMA) are kept in the state, where
 
 from typing import Any, Callable, NamedTuple
 
+import jax
+import jax.numpy as jnp
+
 from shardopt import base
 from shardopt import combine
+from shardopt import tree
 from shardopt.accumulation import ema
 
 __all__ = [
@@ -67,23 +71,34 @@ def monitor(
 
   ``measures`` maps names to functions of the updates or to transformations
   whose output is the measurement (such as :func:`measure_with_ema`). The
-  measurements start empty and hold the values of the latest step.
+  measurements hold the values of the latest step; at init (where optax's
+  are empty) they are zeros shaped like the measures of zero updates, so the
+  state keeps one structure (fixed shardings, donation, ``lax.scan``); init
+  calls each measure's update with the params and no extra arguments.
   Reference: optax (``optax.monitor``, added in 0.2.7).
   """
   names = tuple(measures)
   transforms = tuple(_as_transform(measures[name]) for name in names)
 
-  def init_fn(params):
-    return MonitorState({}, tuple(tx.init(params) for tx in transforms))
-
-  def update_fn(updates, state, params=None, **extra_args):
-    measurements, measure_states = {}, []
-    for name, tx, tx_state in zip(names, transforms, state.measure_states):
+  def measure_all(updates, measure_states, params, extra_args):
+    measurements, new_states = {}, []
+    for name, tx, tx_state in zip(names, transforms, measure_states):
       measurements[name], tx_state = tx.update(
           updates, tx_state, params, **extra_args
       )
-      measure_states.append(tx_state)
-    return updates, MonitorState(measurements, tuple(measure_states))
+      new_states.append(tx_state)
+    return measurements, tuple(new_states)
+
+  def init_fn(params):
+    measure_states = tuple(tx.init(params) for tx in transforms)
+    first, _ = measure_all(
+        tree.tree_zeros_like(params), measure_states, params, {})
+    return MonitorState(tree.tree_zeros_like(first), measure_states)
+
+  def update_fn(updates, state, params=None, **extra_args):
+    measurements, measure_states = measure_all(
+        updates, state.measure_states, params, extra_args)
+    return updates, MonitorState(measurements, measure_states)
 
   return base.GradientTransformationExtraArgs(init_fn, update_fn)
 
@@ -97,10 +112,17 @@ def measure_with_ema(
   """A transformation whose output is an EMA of ``measure(updates)``.
 
   Meant for :func:`monitor`; the EMA's accumulator is shaped like
-  ``measure(params)``. Reference: optax (``optax.measure_with_ema``, 0.2.7).
+  ``measure(params)``, in the floating dtype that averaging gives it (a
+  boolean measure has a float32 average, where optax's starts boolean).
+  Reference: optax (``optax.measure_with_ema``, 0.2.7).
   """
   average = ema(decay, debias, accumulator_dtype)
-  smoother = average._replace(init=lambda params: average.init(measure(params)))
+
+  def init_fn(params):
+    floating = lambda m: jnp.asarray(m).astype(jnp.result_type(m, 1.0))
+    return average.init(jax.tree.map(floating, measure(params)))
+
+  smoother = average._replace(init=init_fn)
   return combine.chain(
       base.stateless(lambda updates, _: measure(updates)), smoother
   )

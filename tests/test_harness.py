@@ -50,10 +50,6 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
         "in another order; over 3 steps this grows to 2e-6..4e-6 relative "
         "(diff_params_memory, the scalar param), above the 1e-6 bound, "
         "within 1e-5") for name in ("scale_by_lbfgs", "lbfgs")},
-    ("monitor", "sharded_step"): (
-        "as in optax, MonitorState.measurements starts empty and the first "
-        "update fills it: the state changes structure, so state shardings "
-        "derived from init cannot be the step's out_shardings"),
 }
 
 _DOC = pathlib.Path(__file__).resolve().parent.parent / "docs" / "catalogue.md"

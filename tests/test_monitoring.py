@@ -63,8 +63,34 @@ def test_initial_state():
   params = oracle.mixed_tree()
   snap = shardopt.snapshot("n", _norm).init(params)
   np.testing.assert_allclose(snap.measurement["n"], _norm(params))
-  state = shardopt.monitor({"n": _norm, "e": shardopt.measure_with_ema(
-      _norm, 0.9)}).init(params)
-  assert state.measurements == {}
+  tx = shardopt.monitor({"n": _norm, "e": shardopt.measure_with_ema(
+      _norm, 0.9), "flag": _clipped, "leaf": lambda u: u["dense"]})
+  state = tx.init(params)
   ema_state = state.measure_states[1][1]
   assert ema_state.ema.shape == () and int(ema_state.count) == 0
+  # Unlike optax's empty dict, the measurements start as zeros with the
+  # structure, shapes and dtypes the first update gives them.
+  assert all(not np.any(x) for x in jax.tree.leaves(state.measurements))
+  _, after = tx.update(params, state)
+  assert jax.tree.structure(after) == jax.tree.structure(state)
+  shape_dtype = lambda x: (x.shape, x.dtype)  # noqa: E731
+  assert jax.tree.map(shape_dtype, after) == jax.tree.map(shape_dtype, state)
+
+
+def test_monitor_state_scans():
+  """A fixed state structure lets the step be a lax.scan body."""
+  tx = _build(shardopt)
+  params = oracle.mixed_tree()
+  grads = list(oracle.gradient_stream(params, 3))
+
+  def body(state, g):
+    updates, state = tx.update(g, state, params)
+    return state, updates
+
+  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *grads)
+  final, updates = jax.lax.scan(body, tx.init(params), stacked)
+  state = tx.init(params)
+  for step, g in enumerate(grads):
+    want, state = tx.update(g, state, params)
+    oracle.assert_trees_close(jax.tree.map(lambda u: u[step], updates), want)
+  oracle.assert_trees_close(final, state)
