@@ -3,6 +3,10 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
+import pytest
+
+import shardopt
 
 
 def mixed_tree(seed: int = 0, scale: float = 1.0) -> dict:
@@ -63,3 +67,19 @@ def assert_matches_optax(ours, theirs, *, steps: int = 20, params=None,
       assert_trees_close(g, w, rtol=rtol, atol=atol)
     except AssertionError as err:
       raise AssertionError(f"step {step}: {err}") from None
+
+
+def matches_optax_test(cases):
+  """A test that ``shardopt.<name>(**kwargs)`` gives the updates of
+  ``optax.<name>(**kwargs)`` for each ``(name, kwargs)`` of ``cases``, jitted
+  and not, with and without params. Assign it to ``test_matches_optax``."""
+
+  @pytest.mark.parametrize("with_params", [True, False])
+  @pytest.mark.parametrize("jit", [True, False])
+  @pytest.mark.parametrize("name,kwargs", cases)
+  def test(name, kwargs, jit, with_params):
+    assert_matches_optax(
+        getattr(shardopt, name)(**kwargs), getattr(optax, name)(**kwargs),
+        jit=jit, with_params=with_params)
+
+  return test

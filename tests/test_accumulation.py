@@ -2,7 +2,6 @@
 
 import jax
 import jax.numpy as jnp
-import optax
 import pytest
 
 import shardopt
@@ -19,13 +18,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("with_params", [True, False])
-@pytest.mark.parametrize("jit", [True, False])
-@pytest.mark.parametrize("name,kwargs", CASES)
-def test_matches_optax(name, kwargs, jit, with_params):
-  oracle.assert_matches_optax(
-      getattr(shardopt, name)(**kwargs), getattr(optax, name)(**kwargs),
-      jit=jit, with_params=with_params)
+test_matches_optax = oracle.matches_optax_test(CASES)
 
 
 @pytest.mark.parametrize("name", ["trace", "ema"])

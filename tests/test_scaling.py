@@ -1,8 +1,6 @@
 """scale, scale_by_learning_rate and scale_by_schedule against optax."""
 
 import jax.numpy as jnp
-import optax
-import pytest
 
 import shardopt
 from tests import oracle
@@ -22,13 +20,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("with_params", [True, False])
-@pytest.mark.parametrize("jit", [True, False])
-@pytest.mark.parametrize("name,kwargs", CASES)
-def test_matches_optax(name, kwargs, jit, with_params):
-  oracle.assert_matches_optax(
-      getattr(shardopt, name)(**kwargs), getattr(optax, name)(**kwargs),
-      jit=jit, with_params=with_params)
+test_matches_optax = oracle.matches_optax_test(CASES)
 
 
 def test_schedule_state_counts_steps():
