@@ -6,7 +6,7 @@ import os
 import pathlib
 import time
 
-__all__ = ["parse_args", "set_cpu_devices"]
+__all__ = ["default_out", "parse_args", "set_cpu_devices"]
 
 
 def _key_value(text: str) -> tuple[str, float]:
@@ -86,11 +86,9 @@ def _parser() -> argparse.ArgumentParser:
   return p
 
 
-def _default_out(args: argparse.Namespace) -> str:
-  """A new timestamped run folder, or with --resume the newest one."""
-  if args.coordinator or args.auto_distributed or (args.num_processes or 1) > 1:
-    raise SystemExit("a multi-process job needs --out (the same folder for every process)")
-  if args.resume:
+def default_out(resume: bool) -> str:
+  """A new timestamped run folder, or with ``resume`` the newest one."""
+  if resume:
     earlier = sorted(pathlib.Path("runs").glob("lm-*"))
     if earlier:
       return str(earlier[-1])
@@ -100,7 +98,9 @@ def _default_out(args: argparse.Namespace) -> str:
 def parse_args(argv=None) -> argparse.Namespace:
   args = _parser().parse_args(argv)
   if args.out is None:
-    args.out = _default_out(args)
+    if args.coordinator or args.auto_distributed or (args.num_processes or 1) > 1:
+      raise SystemExit("a multi-process job needs --out (the same folder for every process)")
+    args.out = default_out(args.resume)
   if args.checkpoint_dir is None:
     args.checkpoint_dir = os.path.join(args.out, "checkpoints")
   return args

@@ -25,7 +25,9 @@ import sys
 import threading
 import time
 
-__all__ = ["free_port", "main", "run_processes"]
+from launch import cli
+
+__all__ = ["free_port", "main", "parse_args", "process_commands", "run_processes"]
 
 
 def free_port() -> int:
@@ -121,16 +123,33 @@ def _parser() -> argparse.ArgumentParser:
   return p
 
 
-def main(argv=None) -> int:
-  args = _parser().parse_args(argv)
+def parse_args(argv=None) -> argparse.Namespace:
+  return _parser().parse_args(argv)
+
+
+def _job_args(args: argparse.Namespace) -> list[str]:
+  """The arguments after --; for the main job, one --out shared by every process."""
   job_args = args.job_args[1:] if args.job_args[:1] == ["--"] else args.job_args
-  port = args.port or free_port()
-  commands = [[sys.executable, "-u", "-m", args.module, *job_args,
-               "--cpu-devices", str(args.devices),
-               "--coordinator", f"127.0.0.1:{port}",
-               "--num-processes", str(args.processes), "--process-id", str(i),
-               "--init-timeout", "60", "--heartbeat-timeout", str(args.heartbeat_timeout)]
-              for i in range(args.processes)]
+  names_out = any(a == "--out" or a.startswith("--out=") for a in job_args)
+  if args.module == "launch.train" and not names_out:
+    job_args = [*job_args, "--out", cli.default_out("--resume" in job_args)]
+  return job_args
+
+
+def process_commands(args: argparse.Namespace, port: int) -> list[list[str]]:
+  """One command line per process, joined through 127.0.0.1:``port``."""
+  job_args = _job_args(args)
+  return [[sys.executable, "-u", "-m", args.module, *job_args,
+           "--cpu-devices", str(args.devices),
+           "--coordinator", f"127.0.0.1:{port}",
+           "--num-processes", str(args.processes), "--process-id", str(i),
+           "--init-timeout", "60", "--heartbeat-timeout", str(args.heartbeat_timeout)]
+          for i in range(args.processes)]
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
+  commands = process_commands(args, args.port or free_port())
   return run_processes(commands, timeout=args.timeout, grace=args.grace)
 
 
