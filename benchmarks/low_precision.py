@@ -71,6 +71,7 @@ def variants():
       ("adafactor", shardopt.adafactor(1e-2, min_dim_size_to_factor=8),
        low(shardopt.adafactor(1e-2, min_dim_size_to_factor=8))),
       ("sm3", shardopt.sm3(1e-1), low(shardopt.sm3(1e-1))),
+      ("lion", shardopt.lion(1e-3), low(shardopt.lion(1e-3))),
   ]
 
 
