@@ -43,3 +43,4 @@ from shardopt.quasi_newton import *  # noqa: F401,F403
 from shardopt.alias_adaptive import *  # noqa: F401,F403
 from shardopt.layerwise_adaptive import *  # noqa: F401,F403
 from shardopt.alias_sign_and_search import *  # noqa: F401,F403
+from shardopt.lookahead import *  # noqa: F401,F403
