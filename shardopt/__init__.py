@@ -44,3 +44,7 @@ from shardopt.alias_adaptive import *  # noqa: F401,F403
 from shardopt.layerwise_adaptive import *  # noqa: F401,F403
 from shardopt.alias_sign_and_search import *  # noqa: F401,F403
 from shardopt.lookahead import *  # noqa: F401,F403
+from shardopt.lookahead import *  # noqa: F401,F403
+from shardopt.param_copies import *  # noqa: F401,F403
+from shardopt.layouts import *  # noqa: F401,F403
+from shardopt.gradient_scaling import *  # noqa: F401,F403
