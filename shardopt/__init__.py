@@ -54,3 +54,10 @@ from shardopt.layouts import *  # noqa: F401,F403
 from shardopt.gradient_scaling import *  # noqa: F401,F403
 from shardopt.alias_optimistic import *  # noqa: F401,F403
 from shardopt.distance_over_gradients import *  # noqa: F401,F403
+from shardopt.lookahead import *  # noqa: F401,F403
+from shardopt.param_copies import *  # noqa: F401,F403
+from shardopt.layouts import *  # noqa: F401,F403
+from shardopt.gradient_scaling import *  # noqa: F401,F403
+from shardopt.alias_optimistic import *  # noqa: F401,F403
+from shardopt.distance_over_gradients import *  # noqa: F401,F403
+from shardopt.inject_stateful import *  # noqa: F401,F403

@@ -31,7 +31,7 @@ class InjectHyperparamsState(NamedTuple):
   inner_state: base.OptState
 
 
-def _highest_float_dtype(params: Any):
+def highest_float_dtype(params: Any):
   """The widest floating dtype among the params (float32 when there is none)."""
   dtypes = [
       jnp.asarray(x).dtype
@@ -43,7 +43,7 @@ def _highest_float_dtype(params: Any):
   return functools.reduce(jnp.promote_types, dtypes)
 
 
-def _as_hyperparam(value, dtype) -> jax.Array:
+def as_hyperparam(value, dtype) -> jax.Array:
   """Floats (and weakly typed arrays) in ``dtype``; strong dtypes unchanged."""
   if isinstance(value, jax.Array) and not value.weak_type:
     return value
@@ -52,7 +52,7 @@ def _as_hyperparam(value, dtype) -> jax.Array:
   return jnp.asarray(value)
 
 
-def _split_arguments(bound: inspect.BoundArguments, static_args: set[str]):
+def split_arguments(bound: inspect.BoundArguments, static_args: set[str]):
   """Sorts the factory's arguments into schedules, numbers and the rest."""
   schedules, numbers, others = {}, {}, {}
   for name, value in bound.arguments.items():
@@ -65,6 +65,22 @@ def _split_arguments(bound: inspect.BoundArguments, static_args: set[str]):
     else:
       others[name] = value
   return schedules, numbers, others
+
+
+def factory_signature(inner_factory, static_args: str | Iterable[str]
+                      ) -> tuple[inspect.Signature, set[str]]:
+  """``inner_factory``'s signature and the static argument names as a set,
+  checked to be parameters of it."""
+  static_args = {static_args} if isinstance(static_args, str) else set(static_args)
+  signature = inspect.signature(inner_factory)
+  unknown = static_args - set(signature.parameters)
+  if unknown:
+    raise ValueError(
+        f"static_args {sorted(unknown)} are not parameters of"
+        f" {getattr(inner_factory, '__name__', inner_factory)}; its parameters"
+        f" are {list(signature.parameters)}"
+    )
+  return signature, static_args
 
 
 def inject_hyperparams(
@@ -86,38 +102,30 @@ def inject_hyperparams(
     A factory with ``inner_factory``'s signature that accepts a schedule
     (``count -> value``) wherever a number is expected.
   """
-  static_args = {static_args} if isinstance(static_args, str) else set(static_args)
-  signature = inspect.signature(inner_factory)
-  unknown = static_args - set(signature.parameters)
-  if unknown:
-    raise ValueError(
-        f"static_args {sorted(unknown)} are not parameters of"
-        f" {getattr(inner_factory, '__name__', inner_factory)}; its parameters"
-        f" are {list(signature.parameters)}"
-    )
+  signature, static_args = factory_signature(inner_factory, static_args)
 
   @functools.wraps(inner_factory)
   def factory(*args, **kwargs) -> base.GradientTransformationExtraArgs:
     bound = signature.bind(*args, **kwargs)
     bound.apply_defaults()
-    schedules, numbers, others = _split_arguments(bound, static_args)
+    schedules, numbers, others = split_arguments(bound, static_args)
 
     def current_hyperparams(stored, count, dtype):
-      values = {k: _as_hyperparam(v, dtype) for k, v in stored.items()}
+      values = {k: as_hyperparam(v, dtype) for k, v in stored.items()}
       values.update(
-          {k: _as_hyperparam(f(count), dtype) for k, f in schedules.items()}
+          {k: as_hyperparam(f(count), dtype) for k, f in schedules.items()}
       )
       return values
 
     def init_fn(params):
       count = jnp.zeros([], jnp.int32)
-      dtype = hyperparam_dtype or _highest_float_dtype(params)
+      dtype = hyperparam_dtype or highest_float_dtype(params)
       hyperparams = current_hyperparams(numbers, count, dtype)
       inner = inner_factory(**others, **hyperparams)
       return InjectHyperparamsState(count, hyperparams, inner.init(params))
 
     def update_fn(updates, state, params=None, **extra_args):
-      dtype = hyperparam_dtype or _highest_float_dtype(params)
+      dtype = hyperparam_dtype or highest_float_dtype(params)
       numeric_now = {k: v for k, v in state.hyperparams.items() if k not in schedules}
       hyperparams = current_hyperparams(numeric_now, state.count, dtype)
       inner = base.with_extra_args_support(inner_factory(**others, **hyperparams))
