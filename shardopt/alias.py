@@ -5,7 +5,7 @@ Same names, signatures, defaults and numbers as optax 0.2.8; each returns a
 also take ``nu_dtype``, the dtype of the second moment.
 """
 
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -37,7 +37,7 @@ __all__ = [
     "sm3",
 ]
 
-MaskOrFn = Any | Callable[[base.Params], Any] | None
+MaskOrFn = base.MaskOrFn
 _Extra = base.GradientTransformationExtraArgs
 
 

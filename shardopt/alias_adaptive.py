@@ -3,7 +3,7 @@ beyond Adam/SGD: each is a chain of a direction, optional weight decay and the
 (negated) learning rate, with optax's names, signatures and defaults.
 """
 
-from typing import Any, Callable
+from typing import Any
 
 import jax
 
@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 _Extra = base.GradientTransformationExtraArgs
-MaskOrFn = Any | Callable[[base.Params], Any] | None
+MaskOrFn = base.MaskOrFn
 
 
 def descend(direction: base.GradientTransformation, learning_rate,

@@ -20,6 +20,7 @@ __all__ = [
     "EmptyState",
     "GradientTransformation",
     "GradientTransformationExtraArgs",
+    "MaskOrFn",
     "OptState",
     "Params",
     "ScalarOrSchedule",
@@ -42,6 +43,9 @@ Updates = Any
 OptState = Any
 Schedule = Callable[[jax.typing.ArrayLike], jax.typing.ArrayLike]
 ScalarOrSchedule = float | jax.Array | Schedule
+# A mask: a tree of bools with the params' structure (or a prefix of it), a
+# function of the params returning one, or None for "no mask".
+MaskOrFn = Any | Callable[[Params], Any] | None
 
 
 def value_at(hyperparam: ScalarOrSchedule, count) -> jax.typing.ArrayLike:

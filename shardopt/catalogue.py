@@ -25,6 +25,9 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from shardopt.base import GradientTransformation
+from shardopt.lookahead import LookaheadParams
+
 __all__ = ["ENTRIES", "Entry", "Fn", "Sub", "build", "render"]
 
 
@@ -93,6 +96,23 @@ def _double_leaf(update, param=None):
   return 2.0 * update
 
 
+def _decaying(count) -> jax.Array:
+  return 0.1 / (1.0 + count)
+
+
+def _on_synced_params(lookahead_tx) -> GradientTransformation:
+  """A lookahead driven by plain params, its slow params equal to the fast
+  ones at every step: the fast half of its updates. (tests/test_lookahead.py
+  proves the pair with slow params of their own.)"""
+
+  def update_fn(updates, state, params=None):
+    pair, state = lookahead_tx.update(updates, state,
+                                      LookaheadParams.init_synced(params))
+    return pair.fast, state
+
+  return GradientTransformation(lookahead_tx.init, update_fn)
+
+
 _ADAM = Sub("scale_by_adam")
 _SGD = Sub("sgd", {"learning_rate": 0.1})
 _LINESEARCH = ("value", "grad", "value_fn")
@@ -144,6 +164,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("scale_by_param_block_rms"),
     Entry("scale_by_trust_ratio"),
     Entry("scale_by_optimistic_gradient"),
+    Entry("scale_by_distance_over_gradients"),
     Entry("scale_by_polyak", extra_args=("value",)),
     Entry("scale_by_lbfgs", {"memory_size": 4}),
     Entry("scale_by_backtracking_linesearch", {"max_backtracking_steps": 15},
@@ -183,6 +204,11 @@ ENTRIES: tuple[Entry, ...] = (
           variant="skip_large_updates"),
     Entry("inject_hyperparams", {"inner_factory": Fn("adam")},
           finish=lambda factory: factory(learning_rate=0.1)),
+    Entry("inject_stateful_hyperparams", {"inner_factory": Fn("adam")},
+          finish=lambda factory: factory(learning_rate=_decaying)),
+    Entry("flatten", {"inner": _ADAM}),
+    Entry("lookahead", {"fast_optimizer": _ADAM, "sync_period": 2,
+                        "slow_step_size": 0.5}, finish=_on_synced_params),
     Entry("low_precision_state", {"inner": _ADAM, "dtype": jnp.bfloat16},
           oracle=False),
     # Optimizers (optax's aliases).
@@ -213,6 +239,8 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("sign_sgd", _LR),
     Entry("signum", _LR),
     Entry("optimistic_gradient_descent", _LR),
+    Entry("optimistic_adam", _LR),
+    Entry("optimistic_adam_v2", _LR),
     Entry("polyak_sgd", extra_args=("value",)),
     Entry("lbfgs", {"memory_size": 4}, extra_args=_LINESEARCH),
     # trax's optimizers with trax's semantics: optax has no counterpart.

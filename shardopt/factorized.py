@@ -64,6 +64,8 @@ def _placeholder(param: jax.Array) -> jax.Array:
 def _split(like, tuples, n: int) -> tuple:
   """A tree (shaped like ``like``) of n-tuples -> n trees."""
   outer = jax.tree.structure(like)
+  if outer.num_leaves == 0:  # e.g. tree_map_params' stand-in for the params
+    return (tuples,) * n
   inner = jax.tree.structure((0,) * n)
   return jax.tree.transpose(outer, inner, tuples)
 

@@ -52,8 +52,12 @@ def cast_like(x: Any, like: Any) -> Any:
 
 
 def value_dtype(params: Any):
-  """The real dtype of the first param: the dtype of objective values."""
-  return jnp.real(jnp.zeros([], jax.tree.leaves(params)[0].dtype)).dtype
+  """The real dtype of the first param (float32 for a tree without leaves):
+  the dtype of objective values."""
+  leaves = jax.tree.leaves(params)
+  if not leaves:
+    return jnp.dtype(jnp.float32)
+  return jnp.real(jnp.zeros([], leaves[0].dtype)).dtype
 
 
 class BacktrackingLinesearchInfo(NamedTuple):

@@ -42,6 +42,11 @@ _OPTAX_SM3_SCALARS = (
 EXCEPTIONS: dict[tuple[str, str], str] = {
     ("scale_by_sm3", "optax"): _OPTAX_SM3_SCALARS,
     ("sm3", "optax"): _OPTAX_SM3_SCALARS,
+    ("flatten", "sharding"): (
+        "flatten concatenates every param into one vector, so the inner "
+        "state is laid out for that vector, not for any param: replicated. "
+        "That is what flatten is (its docstring says to use it for small, "
+        "unsharded trees); tests/test_layouts.py proves it against optax"),
     **{("measure_with_ema", check): (
         "its updates are the EMA of the measure (a scalar), not param-shaped "
         "updates, as in optax: it is a measure for monitor, and is proven "
