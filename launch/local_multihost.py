@@ -65,10 +65,12 @@ def _stop(procs: list[subprocess.Popen], grace: float) -> None:
 def run_processes(commands: list[list[str]], *, timeout: float, grace: float,
                   out=sys.stdout) -> int:
   """Runs the commands concurrently, prefixing output; returns the job's exit code."""
-  procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+  # stdout and stderr on pipes of their own, each read by whole lines: C++
+  # logging (gloo, XLA) on a shared pipe could split a line of the job's output.
+  procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True) for cmd in commands]
-  pumps = [threading.Thread(target=_pump, args=(i, p.stdout, out), daemon=True)
-           for i, p in enumerate(procs)]
+  pumps = [threading.Thread(target=_pump, args=(i, stream, out), daemon=True)
+           for i, p in enumerate(procs) for stream in (p.stdout, p.stderr)]
   for t in pumps:
     t.start()
   interrupted = []

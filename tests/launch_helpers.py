@@ -26,10 +26,11 @@ def child_env() -> dict:
 
 
 def start(args: list[str], log: pathlib.Path) -> subprocess.Popen:
-  """``python -m <args>`` from the repository root, output to ``log``."""
-  with open(log, "w") as out:
+  """``python -m <args>`` from the repository root, stdout to ``log`` and
+  stderr to ``log`` + ".stderr" (apart, so C++ logging cannot split a line)."""
+  with open(log, "w") as out, open(f"{log}.stderr", "w") as err:
     return subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, env=child_env(),
-                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                            stdout=out, stderr=err, start_new_session=True)
 
 
 def run(args: list[str], log: pathlib.Path, timeout: float) -> int:

@@ -21,13 +21,16 @@ def _free_port():
 def _run_pair(directory, role, timeout_s=120):
   port, env = _free_port(), dict(os.environ, PYTHONPATH=str(ROOT))
   env.pop("XLA_FLAGS", None)
+  # stdout carries the workers' markers; stderr (jax/gloo logs, written by C++
+  # at any moment) stays apart so it cannot split a marker line.
   procs = [subprocess.Popen([sys.executable, str(WORKER), str(directory), "multihost", str(port), str(i), role],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
            for i in range(2)]
   outs = []
   try:
     for p in procs:
-      outs.append(p.communicate(timeout=timeout_s)[0])
+      out, err = p.communicate(timeout=timeout_s)
+      outs.append(f"{out}\n--- stderr ---\n{err[-2000:]}")
   finally:
     for p in procs:
       p.kill()

@@ -6,6 +6,7 @@ import queue
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -53,22 +54,25 @@ def _tmp_dirs(directory):
 def _run_until(cmd, marker, timeout_s=120):
   """Starts ``cmd``, waits for a stdout line starting with ``marker``, SIGKILLs it; returns its output."""
   env = dict(os.environ, PYTHONPATH=str(ROOT))
-  proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
-  lines: queue.Queue = queue.Queue()
-  threading.Thread(target=lambda: [lines.put(l) for l in proc.stdout], daemon=True).start()
-  seen, deadline = [], time.monotonic() + timeout_s
-  try:
-    while True:
-      line = lines.get(timeout=max(deadline - time.monotonic(), 0.01))
-      seen.append(line)
-      if line.startswith(marker):
-        os.kill(proc.pid, signal.SIGKILL)
-        return seen
-  except queue.Empty:
-    pytest.fail(f"worker never printed {marker!r}:\n" + "".join(seen))
-  finally:
-    proc.kill()
-    proc.wait(timeout=30)
+  # Logs go to a file of their own: C++ logging on a shared pipe can split a marker line.
+  with tempfile.TemporaryFile("w+") as err:
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=ROOT)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(l) for l in proc.stdout], daemon=True).start()
+    seen, deadline = [], time.monotonic() + timeout_s
+    try:
+      while True:
+        line = lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+        seen.append(line)
+        if line.startswith(marker):
+          os.kill(proc.pid, signal.SIGKILL)
+          return seen
+    except queue.Empty:
+      err.seek(0)
+      pytest.fail(f"worker never printed {marker!r}:\n" + "".join(seen) + err.read()[-3000:])
+    finally:
+      proc.kill()
+      proc.wait(timeout=30)
 
 
 @pytest.mark.slow
