@@ -71,7 +71,8 @@ def debiased_first_moment(updates, mu, b1, count, nesterov):
   )
 
 
-def _adam_direction(mu_hat, nu_hat, eps, eps_root):
+def adam_direction(mu_hat, nu_hat, eps, eps_root):
+  """``m / (sqrt(v + eps_root) + eps)`` leaf by leaf (None leaves kept)."""
   return jax.tree.map(
       lambda m, v: None if m is None else m / (jnp.sqrt(v + eps_root) + eps),
       mu_hat,
@@ -110,7 +111,7 @@ def scale_by_adam(
     del params
     count, mu, nu, nu_hat = _update_adam_moments(updates, state, b1, b2)
     mu_hat = debiased_first_moment(updates, mu, b1, count, nesterov)
-    updates = _adam_direction(mu_hat, nu_hat, eps, eps_root)
+    updates = adam_direction(mu_hat, nu_hat, eps, eps_root)
     mu = tree.tree_cast(mu, mu_dtype)
     nu = tree.tree_cast_like(nu, state.nu)
     return updates, ScaleByAdamState(count=count, mu=mu, nu=nu)

@@ -13,7 +13,7 @@ from shardopt import base
 from shardopt import numerics
 from shardopt import tree
 from shardopt.accumulation import canonical_dtype
-from shardopt.adaptive import ScaleByAdamState, debiased_first_moment
+from shardopt.adaptive import ScaleByAdamState, adam_direction, debiased_first_moment
 
 __all__ = [
     "ScaleByAdaDeltaState",
@@ -27,20 +27,6 @@ __all__ = [
     "scale_by_belief",
     "scale_by_yogi",
 ]
-
-
-def _is_none(x) -> bool:
-  return x is None
-
-
-def _divide_by_root(numerators, denominators, eps, eps_root):
-  """``n / (sqrt(d + eps_root) + eps)`` leaf by leaf (None leaves kept)."""
-  return jax.tree.map(
-      lambda n, d: None if n is None else n / (jnp.sqrt(d + eps_root) + eps),
-      numerators,
-      denominators,
-      is_leaf=_is_none,
-  )
 
 
 def _counter() -> jax.Array:
@@ -128,7 +114,7 @@ def scale_by_adan(
     v_hat = tree.bias_correction(v, b2, t)
     n_hat = tree.bias_correction(n, b3, t)
     direction = jax.tree.map(lambda a, b: a + (1 - b2) * b, m_hat, v_hat)
-    direction = _divide_by_root(direction, n_hat, eps, eps_root)
+    direction = adam_direction(direction, n_hat, eps, eps_root)
     return direction, ScaleByAdanState(m=m, v=v, n=n, g=updates, t=t)
 
   return base.GradientTransformation(init_fn, update_fn)
@@ -207,7 +193,7 @@ def scale_by_amsgrad(
     mu_hat = tree.bias_correction(mu, b1, count) if bias_correction_mu else mu
     nu_eff = tree.bias_correction(nu, b2, count) if bias_correction_nu else nu
     nu_max = jax.tree.map(jnp.maximum, state.nu_max, nu_eff)
-    updates = _divide_by_root(mu_hat, nu_max, eps, eps_root)
+    updates = adam_direction(mu_hat, nu_max, eps, eps_root)
     return updates, ScaleByAmsgradState(
         count=count, mu=tree.tree_cast(mu, mu_dtype), nu=nu, nu_max=nu_max
     )
@@ -253,7 +239,7 @@ def scale_by_belief(
     count = numerics.safe_increment(state.count)
     mu_hat = debiased_first_moment(updates, mu, b1, count, nesterov)
     nu_hat = tree.bias_correction(nu, b2, count)
-    updates = _divide_by_root(mu_hat, nu_hat, eps, 0.0)
+    updates = adam_direction(mu_hat, nu_hat, eps, 0.0)
     return updates, ScaleByBeliefState(count=count, mu=mu, nu=nu)
 
   return base.GradientTransformation(init_fn, update_fn)
@@ -292,7 +278,7 @@ def scale_by_yogi(
     count = numerics.safe_increment(state.count)
     mu_hat = tree.bias_correction(mu, b1, count)
     nu_hat = tree.bias_correction(nu, b2, count)
-    updates = _divide_by_root(mu_hat, nu_hat, eps, eps_root)
+    updates = adam_direction(mu_hat, nu_hat, eps, eps_root)
     return updates, ScaleByAdamState(count=count, mu=mu, nu=nu)
 
   return base.GradientTransformation(init_fn, update_fn)
