@@ -71,12 +71,17 @@ def assert_matches_optax(ours, theirs, *, steps: int = 20, params=None,
 
 def matches_optax_test(cases):
   """A test that ``shardopt.<name>(**kwargs)`` gives the updates of
-  ``optax.<name>(**kwargs)`` for each ``(name, kwargs)`` of ``cases``, jitted
-  and not, with and without params. Assign it to ``test_matches_optax``."""
+  ``optax.<name>(**kwargs)`` for each ``(name, kwargs)`` or
+  ``(name, kwargs, needs_params)`` of ``cases``, jitted and not, with and
+  without params (only with, when ``needs_params``). Assign it to
+  ``test_matches_optax``."""
+  runs = [(name, kwargs, jit, with_params)
+          for name, kwargs, *needs_params in cases
+          for jit in (True, False)
+          for with_params in (True, False)
+          if with_params or not any(needs_params)]
 
-  @pytest.mark.parametrize("with_params", [True, False])
-  @pytest.mark.parametrize("jit", [True, False])
-  @pytest.mark.parametrize("name,kwargs", cases)
+  @pytest.mark.parametrize("name,kwargs,jit,with_params", runs)
   def test(name, kwargs, jit, with_params):
     assert_matches_optax(
         getattr(shardopt, name)(**kwargs), getattr(optax, name)(**kwargs),

@@ -9,8 +9,8 @@ import pytest
 import shardopt
 from tests import oracle
 
-# (name, kwargs, needs_params). Every case runs jitted with params and eager
-# without (or eager with params when the transform needs them).
+# (name, kwargs, needs_params). Every case runs jitted and eager, with and
+# without params (only with params when the transform needs them).
 CASES = [
     ("scale_by_adadelta", dict(), False),
     ("scale_by_adadelta", dict(rho=0.8, eps=1e-4), False),
@@ -46,18 +46,7 @@ CASES = [
 ]
 
 
-def _case_id(case):
-  name, kwargs, _ = case
-  return name + "-" + "-".join(f"{k}={v}" for k, v in kwargs.items())
-
-
-@pytest.mark.parametrize("jit", [True, False])
-@pytest.mark.parametrize("case", CASES, ids=[_case_id(c) for c in CASES])
-def test_matches_optax(case, jit):
-  name, kwargs, needs_params = case
-  oracle.assert_matches_optax(
-      getattr(shardopt, name)(**kwargs), getattr(optax, name)(**kwargs),
-      jit=jit, with_params=jit or needs_params)
+test_matches_optax = oracle.matches_optax_test(CASES)
 
 
 def _run_polyak(tx, jit):

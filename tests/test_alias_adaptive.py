@@ -17,8 +17,8 @@ def _decay(count):
   return 0.05 * 0.95**count
 
 
-# (name, kwargs, needs_params). Cases run jitted with params, and eager with
-# params only if needed (the weight-decay ones: add_decayed_weights reads them).
+# (name, kwargs, needs_params). Cases run jitted and eager, with and without
+# params (only with params when needed: add_decayed_weights reads them).
 CASES = [
     ("adabelief", dict(learning_rate=0.01), False),
     ("adabelief", dict(learning_rate=_decay, b1=0.8, eps=1e-8, nesterov=True),
@@ -67,18 +67,7 @@ CASES = [
 ]
 
 
-def _case_id(case):
-  name, kwargs, _ = case
-  return name + "-" + "-".join(f"{k}" for k in kwargs)
-
-
-@pytest.mark.parametrize("jit", [True, False])
-@pytest.mark.parametrize("case", CASES, ids=[_case_id(c) for c in CASES])
-def test_matches_optax(case, jit):
-  name, kwargs, needs_params = case
-  oracle.assert_matches_optax(
-      getattr(shardopt, name)(**kwargs), getattr(optax, name)(**kwargs),
-      jit=jit, with_params=jit or needs_params)
+test_matches_optax = oracle.matches_optax_test(CASES)
 
 
 @pytest.mark.parametrize("kwargs", [
