@@ -1,156 +1,16 @@
-"""Tree arithmetic shared by the transforms.
-
-Every helper that creates a tree does so with ``*_like`` operations on an
-existing tree, so the result keeps the shapes and shardings of its template.
+"""Tree utilities: arithmetic on pytrees of arrays that keeps shapes and shardings.
 """
 
-import functools
-from typing import Any
+from shardopt._src.tree_math import (
+    apply_updates, bias_correction, global_norm, tree_add, tree_cast, tree_cast_like,
+    tree_full_like, tree_scale, tree_sub, tree_sum, tree_vdot, tree_where, tree_zeros_like,
+    update_infinity_moment, update_moment, update_moment_per_elem_norm,
+)
+from shardopt._src.tree_map_params import tree_map_params
 
-import jax
-import jax.numpy as jnp
-from jax.sharding import NamedSharding, PartitionSpec
-
-from shardopt import numerics
-
-
-def _is_none(x) -> bool:
-  return x is None
-
-
-def tree_zeros_like(tree: Any, dtype=None) -> Any:
-  """Zeros with the structure, shapes and shardings of ``tree``."""
-  return jax.tree.map(lambda x: jnp.zeros_like(x, dtype=dtype), tree)
-
-
-def tree_full_like(tree: Any, fill_value, dtype=None) -> Any:
-  """``fill_value`` with the structure, shapes and shardings of ``tree``."""
-  return jax.tree.map(lambda x: jnp.full_like(x, fill_value, dtype=dtype), tree)
-
-
-def tree_cast(tree: Any, dtype) -> Any:
-  """Casts every floating leaf to ``dtype`` (no-op when ``dtype`` is None)."""
-  if dtype is None:
-    return tree
-  return jax.tree.map(
-      lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
-      tree,
-  )
-
-
-def tree_cast_like(tree: Any, like: Any) -> Any:
-  """Casts each leaf of ``tree`` to the dtype of the matching leaf of ``like``."""
-  return jax.tree.map(lambda x, y: jnp.asarray(x).astype(y.dtype), tree, like)
-
-
-def tree_add(x: Any, y: Any) -> Any:
-  return jax.tree.map(lambda a, b: a + b, x, y)
-
-
-def tree_sub(x: Any, y: Any) -> Any:
-  return jax.tree.map(lambda a, b: a - b, x, y)
-
-
-def tree_scale(scalar, tree: Any) -> Any:
-  return jax.tree.map(lambda x: scalar * x, tree)
-
-
-def _leaf_vdot(a, b) -> jax.Array:
-  """Re <a, b> of one leaf: all axes contracted at the highest precision.
-
-  ``jnp.vdot`` ravels its inputs, which a mesh whose axes are all Explicit
-  rejects for sharded leaves; contracting every axis in place works there,
-  given a stated (replicated) output sharding, and on Auto or unsharded
-  arrays alike.
-  """
-  a, b = jnp.asarray(a), jnp.asarray(b)
-  mesh = jax.typeof(a).sharding.mesh
-  explicit = not mesh.empty and mesh.are_all_axes_explicit
-  out_sharding = NamedSharding(mesh, PartitionSpec()) if explicit else None
-  return jnp.tensordot(jnp.conj(a), b, a.ndim, out_sharding=out_sharding,
-                       precision=jax.lax.Precision.HIGHEST).real
-
-
-def tree_vdot(x: Any, y: Any) -> jax.Array:
-  """Sum over leaves of Re <x, y> (a replicated scalar), on any mesh."""
-  dots = jax.tree.map(_leaf_vdot, x, y)
-  return sum(jax.tree.leaves(dots), jnp.zeros([], jnp.float32))
-
-
-def tree_sum(tree: Any) -> jax.Array:
-  """Sum of all elements of all leaves."""
-  return sum((jnp.sum(x) for x in jax.tree.leaves(tree)), jnp.zeros([]))
-
-
-def tree_where(condition, x: Any, y: Any) -> Any:
-  return jax.tree.map(lambda a, b: jnp.where(condition, a, b), x, y)
-
-
-def global_norm(updates: Any) -> jax.Array:
-  """The L2 norm of all leaves of ``updates`` taken together."""
-  return jnp.sqrt(
-      sum(jnp.sum(numerics.abs_sq(x)) for x in jax.tree.leaves(updates))
-  )
-
-
-def apply_updates(params: Any, updates: Any) -> Any:
-  """params + updates, each result in its param's dtype (None leaves kept)."""
-  return jax.tree.map(
-      lambda p, u: None
-      if p is None
-      else jnp.asarray(p + u).astype(jnp.asarray(p).dtype),
-      params,
-      updates,
-      is_leaf=_is_none,
-  )
-
-
-def update_moment(updates: Any, moments: Any, decay, order) -> Any:
-  """EMA of the ``order``-th power: (1 - decay) * g**order + decay * m."""
-  return jax.tree.map(
-      lambda g, m: None if g is None else (1 - decay) * (g**order) + decay * m,
-      updates,
-      moments,
-      is_leaf=_is_none,
-  )
-
-
-def update_infinity_moment(updates: Any, moments: Any, decay, eps) -> Any:
-  """EMA of the infinity norm: max(|g| + eps, decay * m)."""
-  return jax.tree.map(
-      lambda g, m: None if g is None else jnp.maximum(jnp.abs(g) + eps, decay * m),
-      updates,
-      moments,
-      is_leaf=_is_none,
-  )
-
-
-def _elementwise_norm_power(g: jax.Array, order) -> jax.Array:
-  if jnp.isrealobj(g):
-    return g**order
-  half_order = order / 2
-  if float(half_order).is_integer():
-    half_order = int(half_order)
-  return numerics.abs_sq(g) ** half_order
-
-
-def update_moment_per_elem_norm(updates: Any, moments: Any, decay, order) -> Any:
-  """EMA of |g|**order, elementwise (complex-aware)."""
-  return jax.tree.map(
-      lambda g, m: None
-      if g is None
-      else (1 - decay) * _elementwise_norm_power(g, order) + decay * m,
-      updates,
-      moments,
-      is_leaf=_is_none,
-  )
-
-
-# Always compiled: ``1 - decay**count`` cancels badly for decay near 1, and
-# XLA's compiled pow differs by an ulp from the op-by-op one, so eager and
-# jitted runs (and optax's) agree only if both compile it.
-@functools.partial(jax.jit, inline=True)
-def bias_correction(moment: Any, decay, count) -> Any:
-  """moment / (1 - decay**count), dividing in each moment's own dtype."""
-  correction = 1 - decay**count
-  return jax.tree.map(lambda m: m / correction.astype(m.dtype), moment)
+__all__ = [
+    "apply_updates", "bias_correction", "global_norm", "tree_add", "tree_cast",
+    "tree_cast_like", "tree_full_like", "tree_map_params", "tree_scale", "tree_sub", "tree_sum",
+    "tree_vdot", "tree_where", "tree_zeros_like", "update_infinity_moment", "update_moment",
+    "update_moment_per_elem_norm",
+]

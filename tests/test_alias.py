@@ -8,7 +8,6 @@ import optax
 import pytest
 
 import shardopt
-from shardopt import alias
 from tests import oracle
 
 
@@ -97,7 +96,9 @@ def _check_against_optax(name, kwargs, needs_params, jit):
       with_params=needs_params or jit)
 
 
-@pytest.mark.parametrize("name", alias.__all__)
+@pytest.mark.parametrize("name", [
+    "adafactor", "adagrad", "adam", "adamw", "fromage", "lamb", "noisy_sgd",
+    "radam", "rmsprop", "sgd", "sm3"])
 def test_signature_matches_optax(name):
   ours = inspect.signature(getattr(shardopt, name)).parameters
   theirs = inspect.signature(getattr(optax, name)).parameters

@@ -1,7 +1,6 @@
 """Memory plan of a 7B decoder's optimizer state on 256 abstract devices."""
 
 import jax
-import jax.numpy as jnp
 
 import partitioning
 import shardopt

@@ -61,10 +61,10 @@ def test_memory_is_stacked_params_and_counts():
 
 
 def test_lbfgs_names_the_alias_not_a_module():
-  import shardopt.quasi_newton  # noqa: F401  (any import order)
+  from shardopt._src.transforms import lbfgs as lbfgs_module
   assert callable(shardopt.lbfgs) and shardopt.lbfgs.__module__ == (
-      "shardopt.alias_sign_and_search")
-  assert shardopt.scale_by_lbfgs is shardopt.quasi_newton.scale_by_lbfgs
+      "shardopt._src.aliases.lbfgs")
+  assert shardopt.scale_by_lbfgs is lbfgs_module.scale_by_lbfgs
 
 
 def test_needs_params_and_positive_memory():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import shardopt
-from shardopt.trax_optimizers import MomentumType
+from shardopt.contrib import MomentumType
 
 
 def one_step(tx, grads, params):

@@ -1,0 +1,183 @@
+"""The gradient-transformation protocol: a pair of pure functions, init and update.
+
+A transformation's ``init(params)`` builds its state from the params, and
+``update(updates, state, params=None, **extra_args)`` returns the transformed
+updates and the new state. The protocol matches optax's, so a shardopt
+transformation works wherever an optax one does (Flax ``TrainState``,
+``nnx.Optimizer``) and optax transformations can be chained with ours.
+
+State is always built from the params with shape- and sharding-preserving
+operations (``zeros_like``, reductions of a param), so the shardings of the
+state can be derived by tracing ``init`` on sharded abstract params.
+"""
+
+from typing import Any
+from typing import Callable
+from typing import NamedTuple
+from typing import Protocol
+
+import jax
+import jax.numpy as jnp
+
+__all__ = [
+    "MaskOrFn",
+    "EmptyState",
+    "GradientTransformation",
+    "GradientTransformationExtraArgs",
+    "OptState",
+    "Params",
+    "ScalarOrSchedule",
+    "Schedule",
+    "TransformInitFn",
+    "TransformUpdateExtraArgsFn",
+    "TransformUpdateFn",
+    "Updates",
+    "identity",
+    "init_empty_state",
+    "set_to_zero",
+    "stateless",
+    "stateless_with_tree_map",
+    "supports_extra_args",
+    "value_at",
+    "with_extra_args_support",
+]
+
+Params = Any
+
+
+Updates = Any
+
+
+OptState = Any
+
+
+Schedule = Callable[[jax.typing.ArrayLike], jax.typing.ArrayLike]
+
+
+ScalarOrSchedule = float | jax.Array | Schedule
+# A mask: a tree of bools with the params' structure (or a prefix of it), a
+# function of the params returning one, or None for "no mask".
+MaskOrFn = Any | Callable[[Params], Any] | None
+
+
+def value_at(hyperparam: ScalarOrSchedule, count) -> jax.typing.ArrayLike:
+  """A scalar-or-schedule hyperparameter's value at step ``count``."""
+  return hyperparam(count) if callable(hyperparam) else hyperparam
+
+
+class TransformInitFn(Protocol):
+  """Builds the state of a transformation from the params."""
+
+  def __call__(self, params: Params) -> OptState:
+    ...
+
+
+class TransformUpdateFn(Protocol):
+  """Transforms updates given the state and, optionally, the params."""
+
+  def __call__(
+      self, updates: Updates, state: OptState, params: Params | None = None
+  ) -> tuple[Updates, OptState]:
+    ...
+
+
+class TransformUpdateExtraArgsFn(Protocol):
+  """An update function that also takes keyword arguments (value, grad, ...)."""
+
+  def __call__(
+      self,
+      updates: Updates,
+      state: OptState,
+      params: Params | None = None,
+      **extra_args: Any,
+  ) -> tuple[Updates, OptState]:
+    ...
+
+
+class GradientTransformation(NamedTuple):
+  """A pair of pure functions ``(init, update)``; unpackable and indexable."""
+
+  init: TransformInitFn
+  update: TransformUpdateFn
+
+
+class GradientTransformationExtraArgs(GradientTransformation):
+  """A transformation whose ``update`` accepts extra keyword arguments."""
+
+  update: TransformUpdateExtraArgsFn
+
+
+class EmptyState(NamedTuple):
+  """The state of a transformation that keeps none."""
+
+
+def init_empty_state(params: Params) -> EmptyState:
+  """``init`` of a stateless transformation."""
+  del params
+  return EmptyState()
+
+
+def supports_extra_args(tx: Any) -> bool:
+  """Whether ``tx.update`` accepts extra keyword arguments."""
+  return isinstance(tx, GradientTransformationExtraArgs) or (
+      type(tx).__name__ == "GradientTransformationExtraArgs"
+  )
+
+
+def with_extra_args_support(
+    tx: GradientTransformation,
+) -> GradientTransformationExtraArgs:
+  """Wraps ``tx`` so that its ``update`` accepts and ignores extra arguments.
+
+  Works for foreign (optax) transformations too: anything with ``init`` and
+  ``update``.
+  """
+  if supports_extra_args(tx):
+    return GradientTransformationExtraArgs(tx.init, tx.update)
+
+  def update_fn(updates, state, params=None, **extra_args):
+    del extra_args
+    return tx.update(updates, state, params)
+
+  return GradientTransformationExtraArgs(tx.init, update_fn)
+
+
+def stateless(
+    f: Callable[[Updates, Params | None], Updates],
+) -> GradientTransformation:
+  """A stateless transformation from ``f(updates, params) -> updates``."""
+
+  def update_fn(updates, state, params=None):
+    return f(updates, params), state
+
+  return GradientTransformation(init_empty_state, update_fn)
+
+
+def stateless_with_tree_map(
+    f: Callable[[jax.Array, jax.Array | None], jax.Array],
+) -> GradientTransformation:
+  """A stateless transformation applying ``f(update, param)`` leaf by leaf."""
+
+  def tree_f(updates, params):
+    if params is None:
+      return jax.tree.map(lambda u: f(u, None), updates)
+    return jax.tree.map(f, updates, params)
+
+  return stateless(tree_f)
+
+
+def identity() -> GradientTransformation:
+  """Leaves the updates untouched."""
+  return GradientTransformation(
+      init_empty_state, lambda updates, state, params=None: (updates, state)
+  )
+
+
+def set_to_zero() -> GradientTransformation:
+  """Maps every update to zero (e.g. to freeze params inside a partition)."""
+
+  def update_fn(updates, state, params=None):
+    del params
+    return jax.tree.map(jnp.zeros_like, updates), state
+
+  return GradientTransformation(init_empty_state, update_fn)

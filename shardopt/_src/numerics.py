@@ -1,0 +1,53 @@
+"""Numerically safe scalar helpers shared by the transforms."""
+
+import jax
+import jax.numpy as jnp
+
+__all__ = [
+    "abs_sq",
+    "safe_increment",
+    "safe_int32_increment",
+    "safe_norm",
+    "safe_root_mean_squares",
+]
+
+
+def abs_sq(x: jax.Array) -> jax.Array:
+  """|x|**2, for real or complex arrays."""
+  x = jnp.asarray(x)
+  return (x.conj() * x).real
+
+
+def safe_increment(count: jax.Array) -> jax.Array:
+  """count + 1, saturating at the dtype's maximum instead of overflowing."""
+  count = jnp.asarray(count)
+  if jnp.issubdtype(count.dtype, jnp.integer):
+    max_value = jnp.iinfo(count.dtype).max
+  elif jnp.issubdtype(count.dtype, jnp.floating):
+    max_value = jnp.finfo(count.dtype).max
+  else:
+    raise ValueError(
+        f"cannot increment a counter of dtype {count.dtype}: use an integer"
+        " or floating dtype"
+    )
+  one = jnp.ones_like(count)
+  return jnp.where(count < max_value, count + one, max_value).astype(count.dtype)
+
+
+safe_int32_increment = safe_increment
+
+
+def safe_norm(x, min_norm, ord=None, axis=None, keepdims=False):  # pylint: disable=redefined-builtin
+  """max(norm(x), min_norm) whose gradient is finite (zero) below min_norm."""
+  norm = jnp.linalg.norm(x, ord=ord, axis=axis, keepdims=True)
+  safe_x = jnp.where(norm <= min_norm, jnp.ones_like(x), x)
+  norm = norm if keepdims else jnp.squeeze(norm, axis=axis)
+  masked_norm = jnp.linalg.norm(safe_x, ord=ord, axis=axis, keepdims=keepdims)
+  return jnp.where(norm <= min_norm, min_norm, masked_norm)
+
+
+def safe_root_mean_squares(x, min_rms):
+  """max(rms(x), min_rms) whose gradient is finite (zero) below min_rms."""
+  rms = jnp.sqrt(jnp.mean(abs_sq(x)))
+  safe_x = jnp.where(rms <= min_rms, jnp.ones_like(x), x)
+  return jnp.where(rms <= min_rms, min_rms, jnp.sqrt(jnp.mean(abs_sq(safe_x))))

@@ -1,0 +1,133 @@
+"""Clipping updates elementwise, per block (leaf) and by their global norm."""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from shardopt._src import base
+from shardopt._src import numerics
+from shardopt._src import tree_math
+
+__all__ = [
+    "AdaptiveGradClipState",
+    "ClipByGlobalNormState",
+    "ClipState",
+    "adaptive_grad_clip",
+    "clip",
+    "clip_by_block_rms",
+    "clip_by_global_norm",
+]
+
+ClipState = base.EmptyState
+
+
+ClipByGlobalNormState = base.EmptyState
+
+
+def _stateless_per_leaf(f) -> base.GradientTransformation:
+  """A stateless transform applying ``f`` to each update (params unused)."""
+  return base.stateless(lambda updates, _: jax.tree.map(f, updates))
+
+
+def clip(max_delta: jax.typing.ArrayLike) -> base.GradientTransformation:
+  """Clips every update element into ``[-max_delta, max_delta]``."""
+  return _stateless_per_leaf(lambda u: jnp.clip(u, -max_delta, max_delta))
+
+
+def clip_by_block_rms(
+    threshold: jax.typing.ArrayLike,
+) -> base.GradientTransformation:
+  """Rescales each leaf whose root-mean-square exceeds ``threshold`` to it.
+
+  Reference: Adafactor's update clipping, Shazeer & Stern, "Adafactor:
+  Adaptive Learning Rates with Sublinear Memory Cost", ICML 2018
+  (https://arxiv.org/abs/1804.04235), Sec. 6.
+  """
+
+  def clip_leaf(u):
+    rms = jnp.sqrt(jnp.mean(numerics.abs_sq(u)))
+    return u / jnp.maximum(1.0, rms / threshold)
+
+  return _stateless_per_leaf(clip_leaf)
+
+
+def clip_by_global_norm(
+    max_norm: jax.typing.ArrayLike,
+) -> base.GradientTransformation:
+  """Rescales all updates together when their global L2 norm exceeds max_norm.
+
+  On sharded updates the norm is one all-reduce of per-leaf sums.
+
+  Reference: Pascanu et al., "On the difficulty of training Recurrent Neural
+  Networks", ICML 2013 (https://arxiv.org/abs/1211.5063).
+  """
+
+  def clip_all(updates, params):
+    del params
+    norm = tree_math.global_norm(updates)
+    keep = norm < max_norm
+    def clip_leaf(u):
+      return jax.lax.select(keep, u, (u / norm.astype(u.dtype)) * max_norm)
+
+    return jax.tree.map(clip_leaf, updates)
+
+  return base.stateless(clip_all)
+
+
+AdaptiveGradClipState = base.EmptyState
+
+
+# Default reduction axes by rank: the whole of a scalar/vector, the input axis
+# of a dense (or multi-head dense) kernel, the spatial and input axes of 2-D
+# and 3-D convolution kernels.
+_DEFAULT_AXES = {2: (0,), 3: (0,), 4: (0, 1, 2), 5: (0, 1, 2, 3)}
+
+
+def _unitwise_norm(x: jax.Array, axis) -> jax.Array:
+  """The L2 norm of each unit of ``x``, broadcast back to ``x``'s shape."""
+  if axis is None:
+    if jnp.squeeze(x).ndim <= 1:
+      axis = None
+    elif x.ndim in _DEFAULT_AXES:
+      axis = _DEFAULT_AXES[x.ndim]
+    else:
+      raise ValueError(
+          f"adaptive_grad_clip: no default unit for a param of shape {x.shape};"
+          " pass axis=... to name the axes to take the norm over"
+      )
+  sq_norm = jnp.sum(numerics.abs_sq(x), axis=axis, keepdims=True)
+  return jnp.broadcast_to(jnp.sqrt(sq_norm), x.shape)
+
+
+def adaptive_grad_clip(
+    clipping: jax.typing.ArrayLike,
+    eps: jax.typing.ArrayLike = 1e-3,
+    axis: int | tuple[int, ...] | None = None,
+) -> base.GradientTransformation:
+  """Clips each unit's update to ``clipping * max(|param unit|, eps)``.
+
+  A unit is a slice over ``axis`` (default by rank: everything for scalars
+  and vectors, axis 0 for 2-D/3-D kernels, all but the last axis for 4-D/5-D
+  convolution kernels). Needs ``params``.
+
+  Reference: Brock et al., High-Performance Large-Scale Image Recognition
+  Without Normalization, 2021 (https://arxiv.org/abs/2102.06171).
+  """
+
+  def clip_unit(g, p):
+    g_norm = _unitwise_norm(g, axis)
+    max_norm = clipping * jnp.maximum(_unitwise_norm(p, axis), eps)
+    # The floor on the divisor only guards 0/0; it cannot bind when clipping.
+    clipped = g * (max_norm / jnp.maximum(g_norm, 1e-6))
+    return jnp.where(g_norm < max_norm, g, clipped)
+
+  def update_fn(updates: Any, state, params=None):
+    if params is None:
+      raise ValueError(
+          "adaptive_grad_clip needs the params: call update(updates, state,"
+          " params)"
+      )
+    return jax.tree.map(clip_unit, updates, params), state
+
+  return base.GradientTransformation(base.init_empty_state, update_fn)

@@ -1,0 +1,153 @@
+"""Sign-based updates: Lion, signSGD and Rprop.
+
+They only look at the sign of (a momentum of) the gradient, elementwise, so
+their state is ``zeros_like``/``full_like`` of the params.
+"""
+
+from typing import Any
+from typing import Literal
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from shardopt._src import base
+from shardopt._src import numerics
+from shardopt._src import tree_math
+from shardopt._src.transforms.momentum import canonical_dtype
+
+__all__ = [
+    "ScaleByLionState",
+    "ScaleByRpropState",
+    "scale_by_lion",
+    "scale_by_rprop",
+    "scale_by_sign",
+]
+
+_LION_MODES = ("hard", "smooth", "refined")
+
+
+class ScaleByLionState(NamedTuple):
+  """Step count and momentum ``mu``."""
+
+  count: jax.Array  # int32 scalar
+  mu: base.Updates
+
+
+def scale_by_lion(
+    b1: jax.typing.ArrayLike = 0.9,
+    b2: jax.typing.ArrayLike = 0.99,
+    mu_dtype: Any | None = None,
+    *,
+    mode: Literal["hard", "smooth", "refined"] = "hard",
+    smooth_beta: float = 1.0,
+) -> base.GradientTransformation:
+  """Lion: the sign of an interpolation of gradient and momentum.
+
+  ``mode`` picks the sign: ``"hard"`` (``sign``), ``"smooth"``
+  (``tanh(smooth_beta * x)``) or ``"refined"`` (``x`` inside [-1, 1], its sign
+  outside).
+
+  Reference: Chen et al., Symbolic Discovery of Optimization Algorithms, 2023
+  (https://arxiv.org/abs/2302.06675).
+  """
+  if mode not in _LION_MODES:
+    raise ValueError(
+        f"scale_by_lion: unknown mode {mode!r}; use one of {_LION_MODES}"
+    )
+  mu_dtype = canonical_dtype(mu_dtype)
+
+  def signed(x):
+    if mode == "hard":
+      return jnp.sign(x)
+    if mode == "smooth":
+      return jnp.tanh(smooth_beta * x)
+    return jnp.where(jnp.abs(x) < 1.0, x, jnp.sign(x))
+
+  def init_fn(params):
+    return ScaleByLionState(
+        count=jnp.zeros([], jnp.int32),
+        mu=tree_math.tree_zeros_like(params, dtype=mu_dtype),
+    )
+
+  def update_fn(updates, state, params=None):
+    del params
+    directions = jax.tree.map(
+        lambda g, m: signed((1.0 - b1) * g + b1 * m), updates, state.mu
+    )
+    mu = tree_math.tree_cast(tree_math.update_moment(updates, state.mu, b2, 1), mu_dtype)
+    count = numerics.safe_increment(state.count)
+    return directions, ScaleByLionState(count=count, mu=mu)
+
+  return base.GradientTransformation(init_fn, update_fn)
+
+
+def scale_by_sign() -> base.GradientTransformation:
+  """Replaces every update by its sign.
+
+  Reference: Bernstein et al., signSGD: Compressed Optimisation for
+  Non-Convex Problems, 2018 (https://arxiv.org/abs/1802.04434).
+  """
+  return base.stateless_with_tree_map(lambda g, _: jnp.sign(g))
+
+
+class ScaleByRpropState(NamedTuple):
+  """Per-coordinate step sizes and the previous (signed, scaled) updates."""
+
+  step_sizes: base.Updates
+  prev_updates: base.Updates
+
+
+def scale_by_rprop(
+    learning_rate: jax.typing.ArrayLike,
+    eta_minus: jax.typing.ArrayLike = 0.5,
+    eta_plus: jax.typing.ArrayLike = 1.2,
+    min_step_size: jax.typing.ArrayLike = 1e-6,
+    max_step_size: jax.typing.ArrayLike = 50.0,
+) -> base.GradientTransformation:
+  """Rprop: per-coordinate step sizes grown (``eta_plus``) while the gradient
+  keeps its sign and shrunk (``eta_minus``) when it flips.
+
+  The step sizes start at ``learning_rate`` and stay within
+  ``[min_step_size, max_step_size]``; after a sign flip the coordinate does
+  not move. The output is ``+step * sign(g)`` of the *previous* step (zero at
+  the first), exactly as optax 0.2.8 computes it: negate it (as
+  :func:`shardopt.rprop` does) to descend.
+
+  Reference: Riedmiller & Braun, A Direct Adaptive Method for Faster
+  Backpropagation Learning: The RPROP Algorithm, 1993
+  (https://doi.org/10.1109/ICNN.1993.298623).
+  """
+
+  def init_fn(params):
+    return ScaleByRpropState(
+        step_sizes=tree_math.tree_full_like(params, learning_rate),
+        prev_updates=tree_math.tree_zeros_like(params),
+    )
+
+  def new_step_size(agreement, step_size):
+    factor = jnp.where(agreement > 0, eta_plus, eta_minus)
+    grown = jnp.clip(step_size * factor, min=min_step_size, max=max_step_size)
+    return jnp.where(agreement == 0, step_size, grown)
+
+  def update_fn(updates, state, params=None):
+    del params
+    agreement = jax.tree.map(lambda g, prev: g * prev, updates,
+                             state.prev_updates)
+    step_sizes = jax.tree.map(new_step_size, agreement, state.step_sizes)
+    moves = jax.tree.map(
+        lambda a, g, s: jnp.where(a < 0, jnp.zeros_like(g), s * jnp.sign(g)),
+        agreement,
+        updates,
+        step_sizes,
+    )
+    # optax 0.2.8 returns the previous step's move (masked where the sign
+    # flipped), so the output lags one step behind ``moves``; kept for parity.
+    lagged = jax.tree.map(
+        lambda a, prev: jnp.where(a < 0, jnp.zeros_like(prev), prev),
+        agreement,
+        state.prev_updates,
+    )
+    return lagged, ScaleByRpropState(step_sizes=step_sizes, prev_updates=moves)
+
+  return base.GradientTransformation(init_fn, update_fn)

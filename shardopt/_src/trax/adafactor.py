@@ -1,0 +1,135 @@
+"""trax's Adafactor: factored second moments over the last two dimensions.
+
+Part of the trax-semantics family (see ``shardopt.trax_optimizers``). Its
+row/column statistics are means of the param's ``zeros_like``, so they keep
+the mesh axis of the dimension they keep.
+"""
+
+from typing import Any
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from shardopt._src import base
+from shardopt._src import numerics
+
+__all__ = [
+    "TraxAdafactorState",
+    "trax_adafactor",
+]
+
+
+class TraxAdafactorState(NamedTuple):
+  """Step count, factored (v_row, v_col) or full (v) moments, momentum.
+
+  Per param, the slots it does not use are None.
+  """
+
+  count: jax.Array
+  v_row: Any
+  v_col: Any
+  v: Any
+  momentum: Any
+
+
+def _is_factored(param, factored: bool) -> bool:
+  return factored and jnp.ndim(param) >= 2
+
+
+def trax_adafactor(
+    learning_rate: base.ScalarOrSchedule = 0.05,
+    factored: bool = True,
+    multiply_by_parameter_scale: bool = True,
+    do_clipping: bool = True,
+    do_momentum: bool = False,
+    momentum_in_bfloat16: bool = False,
+    beta1: float = 0.0,
+    decay_rate: float = 0.8,
+    clipping_threshold: float = 1.0,
+    weight_decay_rate: float = 1e-5,
+    weight_decay_n_steps: int | None = 0,
+    epsilon1: float = 1e-16,
+    epsilon2: float = 1e-3,
+) -> base.GradientTransformation:
+  """trax's Adafactor: factored second moments, update clipping, param scale.
+
+  At step t (from 0): ``rho = 1 - (t + 1) ** -decay_rate``; the second moment
+  of ``g^2 + epsilon1`` is averaged with ``rho``, factored over the last two
+  dimensions for arrays of rank >= 2; ``y = g / sqrt(v_hat)``, divided by
+  ``max(1, rms(y) / clipping_threshold)`` when ``do_clipping``; the step is
+  ``lr * max(rms(w), epsilon2) * y`` (the param scale only when
+  ``multiply_by_parameter_scale``), averaged with ``beta1`` when
+  ``do_momentum`` (momentum kept in bfloat16 when ``momentum_in_bfloat16``);
+  ``w <- (1 - wd) w - step``, with decay only for steps
+  ``t < weight_decay_n_steps`` when that is positive (always when 0 or None).
+
+  Reference: Shazeer & Stern, "Adafactor: Adaptive Learning Rates with
+  Sublinear Memory Cost", ICML 2018 (https://arxiv.org/abs/1804.04235).
+  """
+  momentum_dtype = jnp.bfloat16 if momentum_in_bfloat16 else jnp.float32
+
+  def init_fn(params):
+    def slot(make, condition):
+      return jax.tree.map(lambda p: make(p) if condition(p) else None, params)
+
+    is_factored = lambda p: _is_factored(p, factored)
+    zeros = jnp.zeros_like
+    return TraxAdafactorState(
+        count=jnp.zeros([], jnp.int32),
+        v_row=slot(lambda p: zeros(p).mean(axis=-1), is_factored),
+        v_col=slot(lambda p: zeros(p).mean(axis=-2), is_factored),
+        v=slot(zeros, lambda p: not is_factored(p)),
+        momentum=slot(lambda p: zeros(p, dtype=momentum_dtype), lambda p: do_momentum),
+    )
+
+  def second_moment_direction(g, v_row, v_col, v, rho):
+    grad_sq = numerics.abs_sq(g) + epsilon1
+    if v is None:
+      v_row = rho * v_row + (1 - rho) * grad_sq.mean(axis=-1)
+      v_col = rho * v_col + (1 - rho) * grad_sq.mean(axis=-2)
+      row_factor = jax.lax.rsqrt(v_row / v_row.mean(axis=-1, keepdims=True))
+      col_factor = jax.lax.rsqrt(v_col)
+      y = g * row_factor[..., None] * col_factor[..., None, :]
+      return y, v_row, v_col, None
+    v = rho * v + (1 - rho) * grad_sq
+    return g * jax.lax.rsqrt(v), None, None, v
+
+  def update_fn(updates, state, params=None):
+    if params is None:
+      raise ValueError("trax_adafactor needs params: call update(grads, state, params)")
+    count = state.count
+    t = count.astype(jnp.float32) + 1.0
+    rho = 1.0 - t ** (-decay_rate)
+    lr = base.value_at(learning_rate, count)
+    decay = weight_decay_rate
+    if weight_decay_n_steps:
+      decay = jnp.where(count < weight_decay_n_steps, weight_decay_rate, 0.0)
+
+    def per_param(g, w, v_row, v_col, v, m):
+      y, v_row, v_col, v = second_moment_direction(g, v_row, v_col, v, rho)
+      if do_clipping:
+        y = y / jnp.maximum(1.0, jnp.sqrt(jnp.mean(y * y)) / clipping_threshold)
+      scale = lr
+      if multiply_by_parameter_scale:
+        scale = scale * jnp.maximum(jnp.sqrt(jnp.mean(w * w)), epsilon2)
+      step = scale * y
+      if m is not None:
+        step = beta1 * m.astype(step.dtype) + (1.0 - beta1) * step
+        m = step.astype(momentum_dtype)
+      return -step - decay * w, v_row, v_col, v, m
+
+    leaves, treedef = jax.tree.flatten(updates)
+    slots = [
+        treedef.flatten_up_to(tree)
+        for tree in (params, state.v_row, state.v_col, state.v, state.momentum)
+    ]
+    results = [per_param(g, *s) for g, *s in zip(leaves, *slots)]
+    unflatten = lambda i: treedef.unflatten([r[i] for r in results])
+    new_state = TraxAdafactorState(
+        numerics.safe_increment(count), unflatten(1), unflatten(2), unflatten(3),
+        unflatten(4),
+    )
+    return unflatten(0), new_state
+
+  return base.GradientTransformation(init_fn, update_fn)

@@ -1,0 +1,139 @@
+"""trax's SM3: per-dimension max covers with EMA, heavy-ball or Nesterov momentum.
+
+Part of the trax-semantics family (see ``shardopt.trax_optimizers``). Each
+cover is a max-reduction of the param's ``zeros_like`` over the other axes,
+so it keeps its own dimension's mesh axis.
+"""
+
+import enum
+from typing import Any
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from shardopt._src import base
+from shardopt._src import numerics
+
+__all__ = [
+    "MomentumType",
+    "TraxSM3State",
+    "trax_sm3",
+]
+
+
+class MomentumType(enum.IntEnum):
+  """trax's SM3 momentum variants."""
+
+  EMA = 1
+  HEAVY_BALL = 2
+  NESTEROV = 3
+
+
+class TraxSM3State(NamedTuple):
+  """Step count, momentum and, per param, one max-cover per dimension."""
+
+  count: jax.Array
+  momentum: Any
+  covers: Any
+
+
+def _covers_of(p) -> tuple:
+  """Per-dimension covers: reductions of the param over all other axes."""
+  if jnp.ndim(p) == 0:
+    return (jnp.zeros_like(p),)
+  axes = range(jnp.ndim(p))
+  return tuple(
+      jnp.zeros_like(p).max(axis=tuple(a for a in axes if a != i)) for i in axes
+  )
+
+
+def _accumulator_from_covers(covers, ndim: int) -> jax.Array:
+  """The elementwise minimum of the covers broadcast to the param's shape."""
+  if ndim == 0:
+    return covers[0]
+  expanded = [
+      jnp.expand_dims(c, tuple(a for a in range(ndim) if a != i))
+      for i, c in enumerate(covers)
+  ]
+  accumulator = expanded[0]
+  for cover in expanded[1:]:
+    accumulator = jnp.minimum(accumulator, cover)
+  return accumulator
+
+
+def _new_covers(accumulator, ndim: int) -> tuple:
+  if ndim == 0:
+    return (accumulator,)
+  axes = range(ndim)
+  return tuple(
+      accumulator.max(axis=tuple(a for a in axes if a != i)) for i in axes
+  )
+
+
+def trax_sm3(
+    learning_rate: base.ScalarOrSchedule = 0.01,
+    momentum: float = 0.9,
+    second_moment_averaging: float = 1.0,
+    weight_decay: float = 0.0,
+    momentum_type: MomentumType = MomentumType.EMA,
+) -> base.GradientTransformation:
+  """trax's SM3: cover-based adaptive rates with a choice of momentum.
+
+  Per param: ``a = min_i cover_i`` (broadcast), ``a <- beta2 a + c g^2`` with
+  ``beta2 = second_moment_averaging`` and ``c = 1`` when ``beta2 == 1`` else
+  ``1 - beta2``; ``pg = g / sqrt(a)`` (0 where ``a == 0``) ``+ weight_decay w``;
+  momentum: EMA ``m <- b m + (1 - b) pg``, step ``m``; heavy ball
+  ``m <- b m + pg``, step ``m``; Nesterov ``m <- b m + pg``, step
+  ``b m + pg``; ``w <- w - lr * step``; each cover becomes the max of ``a``
+  over the other dimensions.
+
+  Reference: Anil et al., "Memory-Efficient Adaptive Optimization", NeurIPS
+  2019 (https://arxiv.org/abs/1901.11150).
+  """
+  beta2 = second_moment_averaging
+  gain = 1.0 if beta2 == 1.0 else 1.0 - beta2
+
+  def init_fn(params):
+    return TraxSM3State(
+        count=jnp.zeros([], jnp.int32),
+        momentum=jax.tree.map(jnp.zeros_like, params),
+        covers=jax.tree.map(_covers_of, params),
+    )
+
+  def momentum_step(pg, m):
+    if momentum_type == MomentumType.EMA:
+      m = momentum * m + (1.0 - momentum) * pg
+      return m, m
+    m = momentum * m + pg
+    if momentum_type == MomentumType.NESTEROV:
+      return momentum * m + pg, m
+    return m, m
+
+  def update_fn(updates, state, params=None):
+    if weight_decay and params is None:
+      raise ValueError("trax_sm3 with weight_decay needs params")
+    lr = base.value_at(learning_rate, state.count)
+    leaves, treedef = jax.tree.flatten(updates)
+    weights = treedef.flatten_up_to(params) if params is not None else [None] * len(leaves)
+    moms = treedef.flatten_up_to(state.momentum)
+    covers = treedef.flatten_up_to(state.covers)
+
+    def per_param(g, w, m, cover):
+      accumulator = _accumulator_from_covers(cover, g.ndim)
+      accumulator = beta2 * accumulator + gain * numerics.abs_sq(g)
+      safe = jnp.where(accumulator > 0, accumulator, 1.0)
+      pg = jnp.where(accumulator > 0, g * jax.lax.rsqrt(safe), 0.0)
+      if weight_decay:
+        pg = pg + weight_decay * w
+      step, m = momentum_step(pg, m)
+      return -lr * step, m, _new_covers(accumulator, g.ndim)
+
+    results = [per_param(*args) for args in zip(leaves, weights, moms, covers)]
+    unflatten = lambda i: treedef.unflatten([r[i] for r in results])
+    new_state = TraxSM3State(
+        numerics.safe_increment(state.count), unflatten(1), unflatten(2)
+    )
+    return unflatten(0), new_state
+
+  return base.GradientTransformation(init_fn, update_fn)

@@ -1,0 +1,75 @@
+"""Mapping a function over the parts of an optimizer state that mirror the
+params (moments, traces, previous gradients), leaving counters and scalars.
+
+``tree_map_params(tx, f, state, *rest)`` finds those parts by running
+``tx.init`` on a stand-in params tree with no leaves: every part of the state
+that ``init`` builds leaf by leaf from the params comes out as the stand-in,
+and ``f`` is mapped over the matching subtree of ``state`` (and of each tree
+of ``rest``, which have the params' structure). Use it to give every mirror
+of a param that param's sharding, dtype or spec.
+"""
+
+from typing import Any
+from typing import Callable
+
+import jax
+
+from shardopt._src import base
+
+__all__ = [
+    "tree_map_params",
+]
+
+
+@jax.tree_util.register_pytree_node_class
+class _ParamsStandIn:
+  """A pytree with no leaves, passed to ``init`` in place of the params."""
+
+  def tree_flatten(self):
+    return (), None
+
+  @classmethod
+  def tree_unflatten(cls, aux, children):
+    del aux, children
+    return cls()
+
+
+def _is_stand_in(x) -> bool:
+  return isinstance(x, _ParamsStandIn)
+
+
+def tree_map_params(
+    initable: Callable[[base.Params], base.OptState] | Any,
+    f: Callable[..., Any],
+    state: base.OptState,
+    /,
+    *rest: Any,
+    transform_non_params: Callable[..., Any] | None = None,
+    is_leaf: Callable[[Any], bool] | None = None,
+) -> base.OptState:
+  """``state`` with ``f(leaf, *rest_leaves)`` applied over every params-shaped
+  part.
+
+  Args:
+    initable: the transformation (anything with ``init``) or its init
+      function.
+    f: applied leaf by leaf to each params-shaped part of ``state`` and the
+      trees of ``rest``.
+    state: a state built by ``initable``.
+    *rest: trees with the structure of the params (e.g. their shardings).
+    transform_non_params: applied to every other leaf of ``state``; those
+      leaves are kept as they are when it is None.
+    is_leaf: passed to ``jax.tree.map`` over the params-shaped parts (e.g. to
+      stop at ``masked``'s placeholders).
+  """
+  init = initable.init if hasattr(initable, "init") else initable
+  layout = init(_ParamsStandIn())
+
+  def map_part(part, value):
+    if _is_stand_in(part):
+      return jax.tree.map(f, value, *rest, is_leaf=is_leaf)
+    if transform_non_params is not None:
+      return transform_non_params(value)
+    return value
+
+  return jax.tree.map(map_part, layout, state, is_leaf=_is_stand_in)

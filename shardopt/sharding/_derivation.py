@@ -1,0 +1,316 @@
+"""Optimizer-state shardings derived from the transformation itself.
+
+No table of rules: ``tx.init`` is traced with ``jax.eval_shape`` on abstract
+params that carry their shardings on an abstract copy of the mesh whose axes
+are Explicit. JAX then carries each param's spec through ``zeros_like`` and
+through reductions (a reduced dimension drops its mesh axis), so Adam's
+moments get their param's spec, Adafactor's row/column statistics keep the
+mesh axis of the dimension they keep, SM3's covers keep their dimension's
+axis and counters come out replicated. The specs are then rebuilt on the
+user's mesh (Auto or Explicit axes, or an ``AbstractMesh``). Foreign (optax)
+transformations are handled the same way. An init that JAX cannot trace on
+sharded params (e.g. ``p.T @ p`` over a sharded dimension) gets replicated
+state, with a warning.
+
+Which state leaf belongs to which param: a state subtree belongs to the
+params when the params' tree structure is a prefix of it (as in
+``optax.tree_map_params``, but a prefix, so SM3's per-param lists and masked
+nodes fit). Every leaf below a param's position *derives* from that param; a
+derived leaf with the param's shape *mirrors* it. A mirror that comes out
+less sharded than its param (state built from a bare shape) is reported with
+a ``ReplicatedStateWarning``, never silently. (Params given as one bare
+array make every state leaf derive from it; only shape then tells mirrors.)
+
+ZeRO (``shard_state_over='data'``): every mirror additionally shards over
+that mesh axis, on its largest dimension that is free (``None`` in the spec)
+and divisible by the axis size (the first such on a tie). The plan's report
+says, leaf by leaf, what was sharded and why the rest could not be.
+"""
+
+import math
+from typing import Any
+from typing import NamedTuple
+import warnings
+
+import jax
+from jax.sharding import AxisType
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+__all__ = [
+    "LeafPlan",
+    "ReplicatedStateWarning",
+    "StatePlan",
+    "plan_state_shardings",
+    "state_shardings",
+]
+
+
+class ReplicatedStateWarning(UserWarning):
+  """State that should follow its param's sharding but does not."""
+
+
+class LeafPlan(NamedTuple):
+  """How one state leaf is laid out, and why."""
+
+  path: str  # the leaf's path in the state, as ``jax.tree_util.keystr``
+  shape: tuple[int, ...]
+  dtype: Any
+  spec: P  # one entry per dimension
+  param: str | None  # path of the param it derives from, if any
+  mirrors: bool  # derives from ``param`` and has its shape
+  zero: str  # ZeRO outcome: "dim k", a reason it was not sharded, or ""
+  device_bytes: int  # bytes of this leaf resident on each device
+
+
+class StatePlan(NamedTuple):
+  """Derived state shardings plus a printable per-leaf report."""
+
+  shardings: Any  # NamedSharding tree with the structure of tx.init(params)
+  leaves: tuple[LeafPlan, ...]
+  axis: str | None  # the ZeRO axis, if one was asked for
+  under_sharded: tuple[str, ...]  # derived leaves less sharded than their param
+
+  @property
+  def zero_sharded(self) -> tuple[LeafPlan, ...]:
+    """Leaves that ZeRO sharded over ``axis``."""
+    return tuple(l for l in self.leaves if l.zero.startswith("dim "))
+
+  @property
+  def zero_skipped(self) -> tuple[LeafPlan, ...]:
+    """Mirrors that ZeRO could not shard over ``axis`` (see ``zero``)."""
+    return tuple(
+        l for l in self.leaves if self.axis and l.mirrors
+        and not l.zero.startswith("dim "))
+
+  @property
+  def bytes_per_device(self) -> int:
+    """Bytes of the whole state resident on each device."""
+    return sum(l.device_bytes for l in self.leaves)
+
+  def warn_zero_skipped(self, stacklevel: int = 1) -> None:
+    """Warns, listing the mirrors ZeRO could not shard and why, if any."""
+    if self.zero_skipped:
+      warnings.warn(
+          f"shard_state_over={self.axis!r} left these state leaves unsharded "
+          "over it: " + "; ".join(f"{l.path} ({l.zero})"
+                                  for l in self.zero_skipped),
+          ReplicatedStateWarning, stacklevel=stacklevel + 1)
+
+  def __str__(self) -> str:
+    head = (f"state sharding plan: {len(self.leaves)} leaves, "
+            f"{self.bytes_per_device:,} bytes per device")
+    if self.axis:
+      head += (f"; ZeRO over {self.axis!r}: {len(self.zero_sharded)} sharded,"
+               f" {len(self.zero_skipped)} mirrors not")
+    width = max([len(l.path) for l in self.leaves] + [4])
+    lines = [head]
+    for l in self.leaves:
+      origin = f" <- params{l.param}" if l.param is not None else ""
+      zero = f"  zero: {l.zero}" if l.zero else ""
+      lines.append(f"  {l.path:<{width}}  {str(l.shape):<14} {str(l.dtype):<8} "
+                   f"{l.spec}{origin}{zero}")
+    return "\n".join(lines)
+
+
+def state_shardings(tx, params, param_shardings, *, shard_state_over=None):
+  """The ``NamedSharding`` of every leaf of ``tx.init(params)``.
+
+  Args:
+    tx: any transformation with an ``init`` (shardopt's or optax's).
+    params: the params, as arrays or ``jax.ShapeDtypeStruct``.
+    param_shardings: a ``NamedSharding`` per param (same tree structure), all
+      on one mesh (Auto or Explicit axes, or an ``AbstractMesh``).
+    shard_state_over: a mesh axis over which to additionally shard every
+      state leaf that mirrors a param (ZeRO); ``None`` for none.
+
+  Warns (``ReplicatedStateWarning``) about state less sharded than its param
+  and about mirrors that ZeRO could not shard; see ``plan_state_shardings``
+  for the full report.
+  """
+  plan = plan_state_shardings(
+      tx, params, param_shardings, shard_state_over=shard_state_over)
+  plan.warn_zero_skipped(stacklevel=2)
+  return plan.shardings
+
+
+def plan_state_shardings(tx, params, param_shardings, *,
+                         shard_state_over=None) -> StatePlan:
+  """Like ``state_shardings``, returning a ``StatePlan`` (shardings + report)."""
+  mesh = _common_mesh(param_shardings)
+  if shard_state_over is not None and shard_state_over not in mesh.shape:
+    raise ValueError(
+        f"shard_state_over={shard_state_over!r} is not an axis of the mesh "
+        f"(axes: {tuple(mesh.shape)}).")
+  param_leaves, params_def = jax.tree.flatten(params)
+  spec_leaves = _param_specs(params, param_shardings)
+  state = _abstract_state(tx, params, spec_leaves, params_def, mesh)
+  state_leaves, state_def = jax.tree_util.tree_flatten_with_path(state)
+  owners = _owners(state, params_def)
+  param_paths = [jax.tree_util.keystr(p) for p, _ in
+                 jax.tree_util.tree_flatten_with_path(params)[0]]
+  plans = [
+      _plan_leaf(jax.tree_util.keystr(path), leaf,
+                 None if owner is None else param_leaves[owner],
+                 None if owner is None else param_paths[owner],
+                 mesh, shard_state_over)
+      for (path, leaf), owner in zip(state_leaves, owners)]
+  under = tuple(
+      pl.path for pl, owner in zip(plans, owners)
+      if owner is not None and _under_sharded(
+          pl, param_leaves[owner], spec_leaves[owner], mesh))
+  if under:
+    warnings.warn(
+        "these optimizer-state leaves are less sharded than the param they "
+        "derive from (was the state built from a bare shape, e.g. "
+        "jnp.zeros(p.shape), instead of jnp.zeros_like(p)?): "
+        + ", ".join(under), ReplicatedStateWarning, stacklevel=2)
+  shardings = jax.tree.unflatten(
+      state_def, [NamedSharding(mesh, pl.spec) for pl in plans])
+  return StatePlan(shardings, tuple(plans), shard_state_over, under)
+
+
+def _common_mesh(param_shardings):
+  """The one mesh that every param sharding lives on."""
+  leaves = jax.tree_util.tree_flatten_with_path(param_shardings)[0]
+  if not leaves:
+    raise ValueError("param_shardings has no leaves: there is no mesh to "
+                     "lay the optimizer state on.")
+  for path, s in leaves:
+    if not isinstance(s, NamedSharding):
+      raise TypeError(
+          f"param_shardings{jax.tree_util.keystr(path)} is {s!r}; expected a "
+          "jax.sharding.NamedSharding (mesh + PartitionSpec).")
+  mesh = leaves[0][1].mesh
+  for path, s in leaves:
+    if tuple(s.mesh.shape.items()) != tuple(mesh.shape.items()):
+      raise ValueError(
+          f"param_shardings{jax.tree_util.keystr(path)} is on mesh "
+          f"{dict(s.mesh.shape)}, others on {dict(mesh.shape)}; all params "
+          "must share one mesh.")
+  return mesh
+
+
+def _param_specs(params, param_shardings) -> list[P]:
+  """Per param leaf, its spec with one entry per dimension."""
+  params_def = jax.tree.structure(params)
+  if jax.tree.structure(param_shardings) != params_def:
+    raise ValueError(
+        "param_shardings must have the tree structure of params (one "
+        f"NamedSharding per param): got {jax.tree.structure(param_shardings)}"
+        f" for params {params_def}.")
+  return [_full_spec(s.spec, len(p.shape)) for p, s in
+          zip(jax.tree.leaves(params), jax.tree.leaves(param_shardings))]
+
+
+def _abstract_state(tx, params, spec_leaves, params_def, mesh):
+  """``tx.init`` traced on sharded abstract params, on Explicit axes."""
+  explicit = mesh.abstract_mesh.update_axis_types(
+      {name: AxisType.Explicit for name in mesh.axis_names})
+  abstract = jax.tree.unflatten(params_def, [
+      jax.ShapeDtypeStruct(p.shape, p.dtype,
+                           sharding=NamedSharding(explicit, spec))
+      for p, spec in zip(jax.tree.leaves(params), spec_leaves)])
+  try:
+    with jax.sharding.use_abstract_mesh(explicit):
+      return jax.eval_shape(tx.init, abstract)
+  except Exception as err:  # jax's ShardingTypeError is not public
+    if type(err).__name__ != "ShardingTypeError":
+      raise
+    warnings.warn(
+        f"tx.init cannot be traced on the params' shardings ({err}); its "
+        "whole state is laid out replicated. Build state with "
+        "sharding-preserving ops (zeros_like, reductions of the param) to "
+        "have it sharded.", ReplicatedStateWarning, stacklevel=3)
+  unsharded = [jax.ShapeDtypeStruct(p.shape, p.dtype)
+               for p in jax.tree.leaves(params)]
+  return jax.eval_shape(tx.init, jax.tree.unflatten(params_def, unsharded))
+
+
+def _owners(state, params_def) -> list[int | None]:
+  """Per state leaf (flatten order), the index of the param it derives from."""
+  if params_def.num_leaves == 0:
+    return [None] * len(jax.tree.leaves(state))
+  try:
+    subtrees = params_def.flatten_up_to(state)
+  except (ValueError, TypeError):
+    subtrees = None
+  if subtrees is not None:
+    return [i for i, sub in enumerate(subtrees) for _ in jax.tree.leaves(sub)]
+  children = jax.tree.leaves(state, is_leaf=lambda x: x is not state)
+  if len(children) == 1 and children[0] is state:  # an array leaf
+    return [None]
+  return [o for child in children for o in _owners(child, params_def)]
+
+
+def _plan_leaf(path, leaf, param, param_path, mesh, axis):
+  spec = _full_spec(leaf.sharding.spec if leaf.sharding is not None else P(),
+                    len(leaf.shape))
+  mirrors = param is not None and tuple(leaf.shape) == tuple(param.shape)
+  zero = ""
+  if axis is not None:
+    zero, dim = _zero_dim(leaf.shape, spec, mirrors, axis, mesh.shape[axis])
+    if dim is not None:
+      entries = list(spec)
+      entries[dim] = axis
+      spec = P(*entries)
+  return LeafPlan(path, tuple(leaf.shape), leaf.dtype, spec, param_path,
+                  mirrors, zero, _device_bytes(leaf, spec, mesh))
+
+
+def _under_sharded(plan: LeafPlan, param, param_spec, mesh) -> bool:
+  """A mirror missing one of its param's mesh axes, or any other derived
+  leaf that is replicated while its param is sharded and holds more elements
+  than one shard of the param (small statistics may replicate)."""
+  if plan.mirrors:
+    return not _axes(param_spec) <= _axes(plan.spec)
+  if not _axes(param_spec) or _axes(plan.spec):
+    return False
+  param_shard = _device_bytes(param, param_spec, mesh) // param.dtype.itemsize
+  return math.prod(plan.shape) > param_shard
+
+
+def _zero_dim(shape, spec, mirrors, axis, size) -> tuple[str, int | None]:
+  """Where ZeRO puts ``axis`` on a leaf, or why it cannot."""
+  if not shape:
+    return "not sharded: scalar", None
+  if not mirrors:
+    return "not sharded: not a full-size mirror of a param", None
+  if axis in _axes(spec):
+    return f"not sharded: {axis!r} already used in {spec}", None
+  free = [d for d, entry in enumerate(spec) if entry is None]
+  if not free:
+    return "not sharded: no free dimension", None
+  fits = [d for d in free if shape[d] % size == 0]
+  if not fits:
+    return (f"not sharded: no free dimension divisible by {size} "
+            f"(free dims {[shape[d] for d in free]})"), None
+  dim = max(fits, key=lambda d: shape[d])
+  return f"dim {dim}", dim
+
+
+def _full_spec(spec, ndim: int) -> P:
+  """``spec`` padded with ``None`` to one entry per dimension."""
+  entries = tuple(spec)
+  return P(*entries, *([None] * (ndim - len(entries))))
+
+
+def _axes(spec) -> set[str]:
+  """The mesh axes a spec uses."""
+  names = set()
+  for entry in spec:
+    if isinstance(entry, tuple):
+      names.update(entry)
+    elif entry is not None:
+      names.add(entry)
+  return names
+
+
+def _device_bytes(leaf, spec, mesh) -> int:
+  """Bytes of one shard of ``leaf`` laid out by ``spec`` on ``mesh``."""
+  shard = []
+  for dim, entry in zip(leaf.shape, spec):
+    names = entry if isinstance(entry, tuple) else (entry,)
+    split = math.prod(mesh.shape[n] for n in names if n is not None)
+    shard.append(-(-dim // split))
+  return math.prod(shard) * getattr(leaf.dtype, "itemsize", 0)

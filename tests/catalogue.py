@@ -1,0 +1,273 @@
+"""The catalogue: every public transformation and alias, in one list.
+
+``ENTRIES`` names each public constructor with example arguments. The test
+harness (tests/test_harness.py) proves every entry against optax and on a
+sharded mesh, and tools/render_catalogue.py turns the list into the table of
+docs/catalogue.md: the state each one keeps, how that state is sharded next
+to a sharded param, and its reference. A new transformation is covered by
+adding one ``Entry``. Regenerate the table with
+``python tools/render_catalogue.py > docs/catalogue.md``.
+
+Arguments that are themselves transformations or functions of the library
+(an inner optimizer, a schedule) are written as ``Sub``/``Fn`` and built in
+the library under test, so the same entry builds shardopt's transformation
+and, for the oracle, optax's.
+"""
+
+import functools
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+import shardopt
+
+__all__ = ["ENTRIES", "Entry", "Fn", "Sub", "build"]
+
+
+class Sub(NamedTuple):
+  """``lib.<name>(**kwargs)``, built in the library under test."""
+
+  name: str
+  kwargs: dict = {}
+
+
+class Fn(NamedTuple):
+  """``lib.<name>`` (with ``kwargs`` bound), passed uncalled."""
+
+  name: str
+  kwargs: dict = {}
+
+
+class Entry(NamedTuple):
+  """One public constructor and the example arguments it is proven with.
+
+  ``extra_args`` names the keyword arguments its update needs (``value``,
+  ``grad``, ``value_fn`` of the objective); ``finish`` turns the constructed
+  object into the transformation (``MultiSteps``, ``inject_hyperparams``);
+  ``oracle`` says whether optax has the same name and semantics;
+  ``transformation`` is False for a constructor that is not an update rule
+  (``measure_with_ema``: a measure for ``monitor``, whose updates are an EMA
+  of a scalar), checked only for its state's sharding; ``descent`` that it
+  expects a descent direction (``-grad``, as after
+  ``sgd(1.0)``) rather than the gradient.
+  """
+
+  name: str
+  kwargs: dict = {}
+  args: tuple = ()
+  extra_args: tuple[str, ...] = ()
+  finish: Callable | None = None
+  oracle: bool = True
+  variant: str = ""  # tells apart entries of one name
+  descent: bool = False
+  transformation: bool = True
+
+  @property
+  def label(self) -> str:
+    return f"{self.name} ({self.variant})" if self.variant else self.name
+
+
+def _sum_of_squares(tree) -> jax.Array:
+  return sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree))
+
+
+def _is_matrix(tree):
+  return jax.tree.map(lambda x: jnp.ndim(x) >= 2, tree)
+
+
+def _by_rank(tree):
+  return jax.tree.map(lambda x: "matrix" if jnp.ndim(x) >= 2 else "other", tree)
+
+
+def _every_other_step(step) -> jax.Array:
+  return step % 2 == 0
+
+
+def _double(updates, params=None):
+  del params
+  return jax.tree.map(lambda u: 2.0 * u, updates)
+
+
+def _double_leaf(update, param=None):
+  del param
+  return 2.0 * update
+
+
+def _decaying(count) -> jax.Array:
+  return 0.1 / (1.0 + count)
+
+
+def _on_synced_params(lookahead_tx) -> shardopt.GradientTransformation:
+  """A lookahead driven by plain params, its slow params equal to the fast
+  ones at every step: the fast half of its updates. (tests/test_lookahead.py
+  proves the pair with slow params of their own.)"""
+
+  def update_fn(updates, state, params=None):
+    pair, state = lookahead_tx.update(updates, state,
+                                      shardopt.LookaheadParams.init_synced(params))
+    return pair.fast, state
+
+  return shardopt.GradientTransformation(lookahead_tx.init, update_fn)
+
+
+_ADAM = Sub("scale_by_adam")
+_SGD = Sub("sgd", {"learning_rate": 0.1})
+_LINESEARCH = ("value", "grad", "value_fn")
+_LR = {"learning_rate": 0.1}
+
+ENTRIES: tuple[Entry, ...] = (
+    # Building blocks (optax.transforms).
+    Entry("identity"),
+    Entry("set_to_zero"),
+    Entry("stateless", {"f": _double}),
+    Entry("stateless_with_tree_map", {"f": _double_leaf}),
+    Entry("with_extra_args_support", {"tx": Sub("scale", {"step_size": 2.0})}),
+    Entry("scale", {"step_size": -0.5}),
+    Entry("scale_by_learning_rate", _LR),
+    Entry("scale_by_schedule", {"step_size_fn": Sub(
+        "exponential_decay", {"init_value": 1.0, "transition_steps": 3,
+                              "decay_rate": 0.9})}),
+    Entry("trace", {"decay": 0.9, "nesterov": True}),
+    Entry("ema", {"decay": 0.8}),
+    Entry("clip", {"max_delta": 0.3}),
+    Entry("clip_by_block_rms", {"threshold": 0.3}),
+    Entry("clip_by_global_norm", {"max_norm": 1.0}),
+    Entry("adaptive_grad_clip", {"clipping": 0.1}),
+    Entry("add_decayed_weights", {"weight_decay": 0.1, "mask": _is_matrix}),
+    Entry("add_noise", {"eta": 0.01, "gamma": 0.55, "key": 3}),
+    Entry("apply_every", {"k": 3}),
+    Entry("centralize"),
+    Entry("normalize_by_update_norm", {"scale_factor": 2.0}),
+    Entry("keep_params_nonnegative"),
+    Entry("zero_nans"),
+    Entry("scale_by_adam", {"nesterov": True}),
+    Entry("scale_by_radam"),
+    Entry("scale_by_rms", {"decay": 0.9}),
+    Entry("scale_by_stddev", {"decay": 0.9}),
+    Entry("scale_by_rss"),
+    Entry("scale_by_adadelta"),
+    Entry("scale_by_adan"),
+    Entry("scale_by_adamax"),
+    Entry("scale_by_amsgrad"),
+    Entry("scale_by_belief"),
+    Entry("scale_by_yogi"),
+    Entry("scale_by_novograd"),
+    Entry("scale_by_lion"),
+    Entry("scale_by_sign"),
+    Entry("scale_by_rprop", _LR),
+    Entry("scale_by_sm3"),
+    Entry("scale_by_factored_rms", {"min_dim_size_to_factor": 4}),
+    Entry("scale_by_param_block_norm"),
+    Entry("scale_by_param_block_rms"),
+    Entry("scale_by_trust_ratio"),
+    Entry("scale_by_optimistic_gradient"),
+    Entry("scale_by_distance_over_gradients"),
+    Entry("scale_by_polyak", extra_args=("value",)),
+    Entry("scale_by_lbfgs", {"memory_size": 4}),
+    Entry("scale_by_backtracking_linesearch", {"max_backtracking_steps": 15},
+          extra_args=_LINESEARCH, descent=True),
+    Entry("scale_by_zoom_linesearch", {"max_linesearch_steps": 15},
+          extra_args=_LINESEARCH, descent=True),
+    Entry("snapshot", {"measure_name": "sq_norm", "measure": _sum_of_squares}),
+    Entry("measure_with_ema", {"measure": _sum_of_squares, "decay": 0.9},
+          transformation=False),
+    Entry("monitor", {"measures": {"sq_norm": _sum_of_squares, "ema": Sub(
+        "measure_with_ema", {"measure": _sum_of_squares, "decay": 0.9})}}),
+    # Combinators and wrappers, each with a small inner transformation.
+    Entry("chain", args=(Sub("clip", {"max_delta": 1.0}), _ADAM)),
+    Entry("named_chain", args=(("clip", Sub("clip", {"max_delta": 1.0})),
+                               ("adam", _ADAM))),
+    Entry("partition", {"transforms": {"matrix": _ADAM, "other": _SGD},
+                        "param_labels": _by_rank}),
+    Entry("multi_transform", {"transforms": {"matrix": _ADAM, "other": _SGD},
+                              "param_labels": _by_rank}),
+    Entry("masked", {"inner": _ADAM, "mask": _is_matrix}),
+    Entry("freeze", {"mask": _is_matrix}),
+    Entry("selective_transform", {"optimizer": _SGD, "freeze_mask": _is_matrix}),
+    Entry("conditionally_mask", {"inner": _ADAM,
+                                 "should_transform_fn": _every_other_step}),
+    Entry("conditionally_transform", {
+        "inner": _ADAM, "should_transform_fn": _every_other_step}),
+    Entry("apply_if_finite", {"inner": _ADAM, "max_consecutive_errors": 2}),
+    Entry("MultiSteps", {"opt": _ADAM, "every_k_schedule": 3},
+          finish=lambda ms: ms.gradient_transformation()),
+    Entry("MultiSteps", {"opt": _ADAM, "every_k_schedule": 2,
+                         "should_skip_update_fn": Fn("skip_not_finite")},
+          finish=lambda ms: ms.gradient_transformation(),
+          variant="skip_not_finite"),
+    Entry("MultiSteps", {"opt": _ADAM, "every_k_schedule": 2,
+                         "should_skip_update_fn": Fn(
+                             "skip_large_updates", {"max_squared_norm": 20.0})},
+          finish=lambda ms: ms.gradient_transformation(),
+          variant="skip_large_updates"),
+    Entry("inject_hyperparams", {"inner_factory": Fn("adam")},
+          finish=lambda factory: factory(learning_rate=0.1)),
+    Entry("inject_stateful_hyperparams", {"inner_factory": Fn("adam")},
+          finish=lambda factory: factory(learning_rate=_decaying)),
+    Entry("flatten", {"inner": _ADAM}),
+    Entry("lookahead", {"fast_optimizer": _ADAM, "sync_period": 2,
+                        "slow_step_size": 0.5}, finish=_on_synced_params),
+    Entry("low_precision_state", {"inner": _ADAM, "dtype": jnp.bfloat16},
+          oracle=False),
+    # Optimizers (optax's aliases).
+    Entry("sgd", {"learning_rate": 0.1, "momentum": 0.9, "nesterov": True}),
+    Entry("adam", _LR),
+    Entry("adamw", {"learning_rate": 0.1, "weight_decay": 0.01}),
+    Entry("nadam", _LR),
+    Entry("nadamw", _LR),
+    Entry("adamax", _LR),
+    Entry("adamaxw", _LR),
+    Entry("amsgrad", _LR),
+    Entry("adabelief", _LR),
+    Entry("adadelta", _LR),
+    Entry("adan", _LR),
+    Entry("adagrad", _LR),
+    Entry("adafactor", {"learning_rate": 0.1, "min_dim_size_to_factor": 4}),
+    Entry("lamb", _LR),
+    Entry("lars", _LR),
+    Entry("lion", _LR),
+    Entry("novograd", _LR),
+    Entry("radam", _LR),
+    Entry("rmsprop", {"learning_rate": 0.1, "momentum": 0.9, "centered": True}),
+    Entry("rprop", _LR),
+    Entry("sm3", _LR),
+    Entry("yogi", _LR),
+    Entry("fromage", _LR),
+    Entry("noisy_sgd", {"learning_rate": 0.1, "key": 5}),
+    Entry("sign_sgd", _LR),
+    Entry("signum", _LR),
+    Entry("optimistic_gradient_descent", _LR),
+    Entry("optimistic_adam", _LR),
+    Entry("optimistic_adam_v2", _LR),
+    Entry("polyak_sgd", extra_args=("value",)),
+    Entry("lbfgs", {"memory_size": 4}, extra_args=_LINESEARCH),
+    # trax's optimizers with trax's semantics: optax has no counterpart.
+    Entry("trax_adam", oracle=False),
+    Entry("trax_momentum", oracle=False),
+    Entry("trax_rmsprop", oracle=False),
+    Entry("trax_adafactor", oracle=False),
+    Entry("trax_sm3", oracle=False),
+)
+
+
+def _resolve(value, lib):
+  """``value`` with every ``Sub``/``Fn`` built from ``lib``."""
+  if isinstance(value, Sub):
+    return getattr(lib, value.name)(**_resolve(value.kwargs, lib))
+  if isinstance(value, Fn):
+    fn = getattr(lib, value.name)
+    return functools.partial(fn, **value.kwargs) if value.kwargs else fn
+  if isinstance(value, dict):
+    return {k: _resolve(v, lib) for k, v in value.items()}
+  if isinstance(value, (tuple, list)):
+    return type(value)(_resolve(v, lib) for v in value)
+  return value
+
+
+def build(entry: Entry, lib=None):
+  """The transformation of ``entry`` built from ``lib`` (default shardopt)."""
+  lib = shardopt if lib is None else lib
+  made = getattr(lib, entry.name)(*_resolve(entry.args, lib),
+                                  **_resolve(entry.kwargs, lib))
+  return entry.finish(made) if entry.finish else made

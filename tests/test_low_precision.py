@@ -1,0 +1,45 @@
+"""low_precision_state: bfloat16 storage, full-precision arithmetic."""
+
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+
+import shardopt
+from tests import oracle
+
+
+def float_state_dtypes(state):
+  return {x.dtype for x in jax.tree.leaves(state) if jnp.issubdtype(x.dtype, jnp.floating)}
+
+
+@pytest.mark.parametrize("make", [lambda: optax.adam(1e-2), lambda: optax.adafactor(1e-2)])
+def test_state_is_stored_in_bfloat16_and_counters_stay_int(make):
+  tx = shardopt.low_precision_state(make(), jnp.bfloat16)
+  params = oracle.mixed_tree()
+  state = tx.init(params)
+  assert float_state_dtypes(state) == {jnp.dtype(jnp.bfloat16)}
+  assert any(x.dtype == jnp.int32 for x in jax.tree.leaves(state))
+  updates, state = jax.jit(tx.update)(params, state, params)
+  assert float_state_dtypes(state) == {jnp.dtype(jnp.bfloat16)}
+  assert all(u.dtype == jnp.float32 for u in jax.tree.leaves(updates))
+
+
+def test_state_bytes_halve():
+  params = oracle.mixed_tree()
+  full = optax.adam(1e-2).init(params)
+  low = shardopt.low_precision_state(optax.adam(1e-2)).init(params)
+  nbytes = lambda s: sum(x.nbytes for x in jax.tree.leaves(s) if x.ndim)
+  assert nbytes(low) * 2 == nbytes(full)
+
+
+def test_updates_follow_the_rounded_state():
+  # One step from zero state: the state rounds to bf16, the update does not.
+  inner = optax.scale_by_adam()
+  tx = shardopt.low_precision_state(inner)
+  params = oracle.mixed_tree()
+  ours, state = tx.update(params, tx.init(params), params)
+  exact, exact_state = inner.update(params, inner.init(params), params)
+  oracle.assert_trees_close(ours, exact, rtol=1e-6)
+  rounded = jax.tree.map(lambda x: x.astype(jnp.bfloat16), exact_state.mu)
+  oracle.assert_trees_close(state.mu, rounded, rtol=0)

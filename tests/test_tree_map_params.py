@@ -1,0 +1,60 @@
+"""tree_map_params: maps over the same parts of the state as optax's, for a
+range of transformations, and hands each mirror its param's sharding."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import shardopt
+from tests import catalogue
+from tests import oracle
+
+# Entries whose params-shaped parts mirror the params leaf for leaf, and
+# entries whose params-structured parts hold reductions of each param.
+_MIRRORS = ["sgd", "adamw", "inject_hyperparams", "MultiSteps",
+            "scale_by_optimistic_gradient"]
+_REDUCTIONS = ["scale_by_factored_rms", "scale_by_distance_over_gradients"]
+
+
+def _mapped(lib, label, with_params):
+  tx = catalogue.build(next(e for e in catalogue.ENTRIES if e.label == label),
+                       lib)
+  params = oracle.mixed_tree()
+  rest = (params,) if with_params else ()
+  # each leaf of a params-shaped part (+ its param) + 1; other leaves -> -1
+  return lib.tree_map_params(
+      tx, lambda leaf, *param: leaf + sum(param) + 1.0, tx.init(params), *rest,
+      transform_non_params=lambda _: -1.0)
+
+
+@pytest.mark.parametrize("label", _MIRRORS + _REDUCTIONS)
+def test_matches_optax(label):
+  with_params = label in _MIRRORS
+  got = jax.tree.leaves(_mapped(shardopt, label, with_params))
+  want = jax.tree.leaves(_mapped(optax, label, with_params))
+  assert len(got) == len(want)
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(np.asarray(g, np.float32),
+                               np.asarray(w, np.float32), rtol=1e-6)
+
+
+def test_gives_mirrors_their_params_sharding():
+  mesh = jax.make_mesh((2, 4), ("data", "model"),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  params = {"w": jnp.ones((8, 16)), "b": jnp.ones(16)}
+  shardings = {"w": NamedSharding(mesh, P("data", "model")),
+               "b": NamedSharding(mesh, P("model"))}
+  tx = shardopt.adam(0.1)
+  state = tx.init(params)
+  replicated = NamedSharding(mesh, P())
+  mapped = shardopt.tree_map_params(tx, lambda _, s: s, state, shardings,
+                                    transform_non_params=lambda _: replicated)
+  adam_state = mapped[0]
+  assert adam_state.mu == shardings and adam_state.nu == shardings
+  assert adam_state.count == replicated
+  placed = jax.device_put(state, mapped)
+  assert placed[0].mu["w"].sharding == shardings["w"]
