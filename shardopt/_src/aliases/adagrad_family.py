@@ -15,9 +15,11 @@ from shardopt._src.transforms import adam_variants
 from shardopt._src.transforms import clipping
 from shardopt._src.transforms import factored_rms
 from shardopt._src.transforms import layerwise
+from shardopt._src.transforms import momentum as momentum_lib
+from shardopt._src.transforms import momentum as momentum_lib
 from shardopt._src.transforms import rms
 from shardopt._src.transforms import scaling
-from shardopt._src.transforms import weight_decay
+from shardopt._src.transforms import weight_decay as weight_decay_lib
 from shardopt._src.transforms.sm3 import scale_by_sm3
 from shardopt._src.wrappers import combine
 
@@ -58,7 +60,7 @@ def rmsprop(
   if momentum is None:
     momentum_tx = base.identity()
   else:
-    momentum_tx = momentum.trace(decay=momentum, nesterov=nesterov)
+    momentum_tx = momentum_lib.trace(decay=momentum, nesterov=nesterov)
   return combine.chain(
       scale_by(decay=decay, eps=eps, initial_scale=initial_scale,
                eps_in_sqrt=eps_in_sqrt, bias_correction=bias_correction),
@@ -134,10 +136,10 @@ def adafactor(
   if multiply_by_parameter_scale:
     stages.append(layerwise.scale_by_param_block_rms())
   if momentum is not None:
-    stages.append(momentum.ema(
+    stages.append(momentum_lib.ema(
         momentum, debias=False, accumulator_dtype=dtype_momentum))
   if weight_decay_rate is not None:
-    stages.append(weight_decay.add_decayed_weights(
+    stages.append(weight_decay_lib.add_decayed_weights(
         weight_decay_rate, mask=weight_decay_mask))
   stages.append(scaling.scale(-1))
   return combine.chain(*stages)
@@ -156,7 +158,7 @@ def adadelta(
   (https://arxiv.org/abs/1212.5701).
   """
   return combine.chain(
-      weight_decay.add_decayed_weights(weight_decay, mask=weight_decay_mask),
+      weight_decay_lib.add_decayed_weights(weight_decay, mask=weight_decay_mask),
       adam_variants.scale_by_adadelta(rho=rho, eps=eps),
       scaling.scale_by_learning_rate(learning_rate),
   )

@@ -10,9 +10,12 @@ from typing import Any
 import jax
 
 from shardopt._src import base
+from shardopt._src.transforms import momentum as momentum_lib
 from shardopt._src.transforms import noise
 from shardopt._src.transforms import polyak
 from shardopt._src.transforms import scaling
+from shardopt._src.transforms import weight_decay as weight_decay_lib
+from shardopt._src.transforms import weight_decay as weight_decay_lib
 from shardopt._src.wrappers import combine
 
 __all__ = [
@@ -40,7 +43,7 @@ def sgd(
   if momentum is None:
     direction = base.identity()
   else:
-    direction = momentum.trace(
+    direction = momentum_lib.trace(
         decay=momentum, nesterov=nesterov, accumulator_dtype=accumulator_dtype)
   return combine.chain(direction, scaling.scale_by_learning_rate(learning_rate))
 
@@ -71,7 +74,7 @@ def descend(direction: base.GradientTransformation, learning_rate,
   """direction, then ``+ weight_decay * params`` (masked), then ``* -lr``."""
   return combine.chain(
       direction,
-      weight_decay.add_decayed_weights(weight_decay, mask),
+      weight_decay_lib.add_decayed_weights(weight_decay, mask),
       scaling.scale_by_learning_rate(learning_rate),
   )
 
