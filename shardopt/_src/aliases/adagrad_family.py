@@ -16,7 +16,6 @@ from shardopt._src.transforms import clipping
 from shardopt._src.transforms import factored_rms
 from shardopt._src.transforms import layerwise
 from shardopt._src.transforms import momentum as momentum_lib
-from shardopt._src.transforms import momentum as momentum_lib
 from shardopt._src.transforms import rms
 from shardopt._src.transforms import scaling
 from shardopt._src.transforms import weight_decay as weight_decay_lib

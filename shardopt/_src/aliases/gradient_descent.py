@@ -15,7 +15,6 @@ from shardopt._src.transforms import noise
 from shardopt._src.transforms import polyak
 from shardopt._src.transforms import scaling
 from shardopt._src.transforms import weight_decay as weight_decay_lib
-from shardopt._src.transforms import weight_decay as weight_decay_lib
 from shardopt._src.wrappers import combine
 
 __all__ = [
