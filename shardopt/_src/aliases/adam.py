@@ -13,6 +13,7 @@ from shardopt._src import base
 from shardopt._src.transforms import adam as adam_lib
 from shardopt._src.transforms import adam_variants
 from shardopt._src.transforms import scaling
+from shardopt._src.transforms import weight_decay as weight_decay_lib
 from shardopt._src.wrappers import combine
 
 __all__ = [
@@ -78,7 +79,7 @@ def adamw(
       adam_lib.scale_by_adam(
           b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype,
           nesterov=nesterov, nu_dtype=nu_dtype),
-      weight_decay.add_decayed_weights(weight_decay, mask),
+      weight_decay_lib.add_decayed_weights(weight_decay, mask),
       scaling.scale_by_learning_rate(learning_rate),
   )
 

@@ -10,9 +10,10 @@ import jax
 from shardopt._src import base
 from shardopt._src.transforms import adam as adam_lib
 from shardopt._src.transforms import layerwise
+from shardopt._src.transforms import momentum as momentum_lib
 from shardopt._src.transforms import novograd as novograd_lib
 from shardopt._src.transforms import scaling
-from shardopt._src.transforms import weight_decay
+from shardopt._src.transforms import weight_decay as weight_decay_lib
 from shardopt._src.wrappers import combine
 from shardopt._src.wrappers import masking
 
@@ -44,7 +45,7 @@ def lamb(
   """
   return combine.chain(
       adam_lib.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root),
-      weight_decay.add_decayed_weights(weight_decay, mask),
+      weight_decay_lib.add_decayed_weights(weight_decay, mask),
       layerwise.scale_by_trust_ratio(),
       scaling.scale_by_learning_rate(learning_rate),
   )
@@ -72,7 +73,7 @@ def fromage(
   return combine.chain(
       layerwise.scale_by_trust_ratio(min_norm),
       scaling.scale_by_learning_rate(step_size),
-      weight_decay.add_decayed_weights(decay),
+      weight_decay_lib.add_decayed_weights(decay),
   )
 
 
@@ -114,11 +115,11 @@ def lars(
   2017 (https://arxiv.org/abs/1708.03888).
   """
   return combine.chain(
-      weight_decay.add_decayed_weights(weight_decay, mask=weight_decay_mask),
+      weight_decay_lib.add_decayed_weights(weight_decay, mask=weight_decay_mask),
       masking.masked(
           layerwise.scale_by_trust_ratio(
               trust_coefficient=trust_coefficient, eps=eps),
           mask=trust_ratio_mask),
       scaling.scale_by_learning_rate(learning_rate),
-      momentum.trace(decay=momentum, nesterov=nesterov),
+      momentum_lib.trace(decay=momentum, nesterov=nesterov),
   )
