@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 import shardopt
 
-__all__ = ["ENTRIES", "Entry", "Fn", "Sub", "build"]
+__all__ = ["ENTRIES", "Entry", "Fn", "Sub", "build", "constructor"]
 
 
 class Sub(NamedTuple):
@@ -50,7 +50,10 @@ class Entry(NamedTuple):
   (``measure_with_ema``: a measure for ``monitor``, whose updates are an EMA
   of a scalar), checked only for its state's sharding; ``descent`` that it
   expects a descent direction (``-grad``, as after
-  ``sgd(1.0)``) rather than the gradient.
+  ``sgd(1.0)``) rather than the gradient. ``namespace`` names the public
+  sub-namespace that holds the constructor (``"contrib"``: ``lib.contrib``,
+  in shardopt and optax alike); ``Sub``/``Fn`` arguments are always built
+  from the top level.
   """
 
   name: str
@@ -62,10 +65,16 @@ class Entry(NamedTuple):
   variant: str = ""  # tells apart entries of one name
   descent: bool = False
   transformation: bool = True
+  namespace: str = ""
+
+  @property
+  def qualname(self) -> str:
+    """The name as written after ``lib.`` (``contrib.prodigy``)."""
+    return f"{self.namespace}.{self.name}" if self.namespace else self.name
 
   @property
   def label(self) -> str:
-    return f"{self.name} ({self.variant})" if self.variant else self.name
+    return f"{self.qualname} ({self.variant})" if self.variant else self.qualname
 
 
 def _sum_of_squares(tree) -> jax.Array:
@@ -265,9 +274,17 @@ def _resolve(value, lib):
   return value
 
 
+def constructor(entry: Entry, lib=None):
+  """``lib.<namespace>.<name>`` of ``entry`` (default lib: shardopt), or
+  None where ``lib`` lacks it."""
+  lib = shardopt if lib is None else lib
+  home = getattr(lib, entry.namespace, None) if entry.namespace else lib
+  return getattr(home, entry.name, None)
+
+
 def build(entry: Entry, lib=None):
   """The transformation of ``entry`` built from ``lib`` (default shardopt)."""
   lib = shardopt if lib is None else lib
-  made = getattr(lib, entry.name)(*_resolve(entry.args, lib),
-                                  **_resolve(entry.kwargs, lib))
+  made = constructor(entry, lib)(*_resolve(entry.args, lib),
+                                 **_resolve(entry.kwargs, lib))
   return entry.finish(made) if entry.finish else made

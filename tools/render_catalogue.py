@@ -109,7 +109,7 @@ def describe_sharding(tx, state) -> str:
 
 def reference(entry: catalogue.Entry, lib=None) -> str:
   """The paper/reference paragraph of the constructor's docstring, or ''."""
-  doc = inspect.getdoc(getattr(lib or shardopt, entry.name)) or ""
+  doc = inspect.getdoc(catalogue.constructor(entry, lib)) or ""
   found = re.search(r"^\s*References?:?\s*(.*?)(?:\n\s*\n|\Z)", doc,
                     re.MULTILINE | re.DOTALL)
   return " ".join(found.group(1).split()) if found else ""
