@@ -117,11 +117,13 @@ from shardopt._src.linesearch.zoom import (
 
 # Optimizers (aliases)
 from shardopt._src.aliases.adagrad_family import adadelta, adafactor, adagrad, rmsprop, sm3
-from shardopt._src.aliases.adam import adam, adamw, amsgrad, nadam, nadamw, radam
-from shardopt._src.aliases.adam_variants import adabelief, adamax, adamaxw, adan, yogi
+from shardopt._src.aliases.adam import adam, adamw
+from shardopt._src.aliases.adam_variants import adabelief, amsgrad, radam, yogi
+from shardopt._src.aliases.adamax_adan import adamax, adamaxw, adan
 from shardopt._src.aliases.gradient_descent import noisy_sgd, polyak_sgd, sgd
 from shardopt._src.aliases.layerwise import fromage, lamb, lars, novograd
 from shardopt._src.aliases.lbfgs import lbfgs
+from shardopt._src.aliases.nadam import nadam, nadamw
 from shardopt._src.aliases.optimistic import (
     optimistic_adam, optimistic_adam_v2, optimistic_gradient_descent,
 )

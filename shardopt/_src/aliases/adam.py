@@ -1,8 +1,9 @@
-"""Ready-made optimizers: optax's aliases as chains of shardopt transforms.
+"""Adam and AdamW, the most used aliases.
 
 Same names, signatures, defaults and numbers as optax 0.2.8; each returns a
-``GradientTransformationExtraArgs`` (a ``chain``). ``adam`` and ``adamw``
-also take ``nu_dtype``, the dtype of the second moment.
+``GradientTransformationExtraArgs`` (a ``chain``). Both also take
+``nu_dtype``, the dtype of the second moment. NAdam/NAdamW are in nadam.py,
+AMSGrad and RAdam in adam_variants.py.
 """
 
 from typing import Any
@@ -11,7 +12,6 @@ import jax
 
 from shardopt._src import base
 from shardopt._src.transforms import adam as adam_lib
-from shardopt._src.transforms import adam_variants
 from shardopt._src.transforms import scaling
 from shardopt._src.transforms import weight_decay as weight_decay_lib
 from shardopt._src.wrappers import combine
@@ -19,10 +19,6 @@ from shardopt._src.wrappers import combine
 __all__ = [
     "adam",
     "adamw",
-    "amsgrad",
-    "nadam",
-    "nadamw",
-    "radam",
 ]
 
 MaskOrFn = base.MaskOrFn
@@ -40,11 +36,50 @@ def adam(
     nesterov: bool = False,
     nu_dtype: Any | None = None,
 ) -> _Extra:
-  """Adam (NAdam with ``nesterov=True``).
+  """Adam: steps by bias-corrected first over second moment estimates.
 
-  References: Kingma & Ba, "Adam: A Method for Stochastic Optimization", 2014
-  (https://arxiv.org/abs/1412.6980); Dozat, "Incorporating Nesterov Momentum
-  into Adam", 2016.
+  With ``m = b1 * m + (1 - b1) * g`` and ``v = b2 * v + (1 - b2) * g**2``,
+  debiased as ``m_hat = m / (1 - b1**t)`` and ``v_hat = v / (1 - b2**t)``,
+  the update is ``-learning_rate * m_hat / (sqrt(v_hat + eps_root) + eps)``.
+  With ``nesterov=True`` it is NAdam (``m_hat`` looks one step ahead).
+
+  Args:
+    learning_rate: a scalar or a schedule of the step count.
+    b1: decay of the first moment (default 0.9).
+    b2: decay of the second moment (default 0.999).
+    eps: added to the root of the second moment (default 1e-8).
+    eps_root: added to the second moment inside the root (default 0.0);
+      a positive value keeps the gradient of the update finite, e.g. when
+      differentiating through the optimizer.
+    mu_dtype: dtype of the first moment; ``None`` (default) uses the
+      params' dtype.
+    nesterov: whether to use Nesterov momentum (NAdam), default False.
+    nu_dtype: dtype of the second moment; ``None`` (default) uses the
+      params' dtype (a shardopt addition; optax has no such argument).
+
+  Returns:
+    A ``GradientTransformationExtraArgs``: ``scale_by_adam`` then
+    ``scale_by_learning_rate``.
+
+  References:
+    Kingma & Ba, "Adam: A Method for Stochastic Optimization", ICLR 2015
+    (https://arxiv.org/abs/1412.6980); Dozat, "Incorporating Nesterov
+    Momentum into Adam", ICLR workshop 2016
+    (https://openreview.net/forum?id=OM0jvwB8jIp57ZJjtNEZ).
+
+  Example:
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import shardopt
+    >>> loss = lambda params: jnp.sum(params["w"] ** 2)
+    >>> params = {"w": jnp.array([1.0, -2.0])}
+    >>> tx = shardopt.adam(learning_rate=0.1)
+    >>> state = tx.init(params)
+    >>> for _ in range(3):
+    ...   updates, state = tx.update(jax.grad(loss)(params), state, params)
+    ...   params = shardopt.apply_updates(params, updates)
+    >>> [round(float(w), 3) for w in params["w"]]
+    [0.702, -1.701]
   """
   return combine.chain(
       adam_lib.scale_by_adam(
@@ -67,13 +102,49 @@ def adamw(
     nesterov: bool = False,
     nu_dtype: Any | None = None,
 ) -> _Extra:
-  """Adam with weight decay decoupled from the gradient's scaling.
+  """AdamW: Adam with weight decay decoupled from the gradient's scaling.
 
-  ``mask`` (a tree of bools or a function of the params) selects the params
-  that decay.
+  The update is ``-learning_rate * (m_hat / (sqrt(v_hat + eps_root) + eps)
+  + weight_decay * params)`` with Adam's debiased moments (see ``adam``):
+  the decay is added after Adam's rescaling, not to the gradient.
 
-  Reference: Loshchilov & Hutter, "Decoupled Weight Decay Regularization",
-  ICLR 2019 (https://arxiv.org/abs/1711.05101).
+  Args:
+    learning_rate: a scalar or a schedule of the step count.
+    b1: decay of the first moment (default 0.9).
+    b2: decay of the second moment (default 0.999).
+    eps: added to the root of the second moment (default 1e-8).
+    eps_root: added to the second moment inside the root (default 0.0).
+    mu_dtype: dtype of the first moment; ``None`` (default) uses the
+      params' dtype.
+    weight_decay: a scalar or schedule, the decay rate (default 1e-4).
+    mask: which params decay: a tree of bools with the params' structure (or
+      a prefix of it) or a function of the params returning one; ``None``
+      (default) decays all.
+    nesterov: whether to use Nesterov momentum (NAdamW), default False.
+    nu_dtype: dtype of the second moment; ``None`` (default) uses the
+      params' dtype (a shardopt addition; optax has no such argument).
+
+  Returns:
+    A ``GradientTransformationExtraArgs``: ``scale_by_adam``,
+    ``add_decayed_weights``, ``scale_by_learning_rate``.
+
+  References:
+    Loshchilov & Hutter, "Decoupled Weight Decay Regularization", ICLR 2019
+    (https://arxiv.org/abs/1711.05101).
+
+  Example:
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import shardopt
+    >>> loss = lambda params: jnp.sum(params["w"] ** 2)
+    >>> params = {"w": jnp.array([1.0, -2.0])}
+    >>> tx = shardopt.adamw(learning_rate=0.1, weight_decay=0.1)
+    >>> state = tx.init(params)
+    >>> for _ in range(3):
+    ...   updates, state = tx.update(jax.grad(loss)(params), state, params)
+    ...   params = shardopt.apply_updates(params, updates)
+    >>> [round(float(w), 3) for w in params["w"]]
+    [0.675, -1.644]
   """
   return combine.chain(
       adam_lib.scale_by_adam(
@@ -82,89 +153,3 @@ def adamw(
       weight_decay_lib.add_decayed_weights(weight_decay, mask),
       scaling.scale_by_learning_rate(learning_rate),
   )
-
-
-def radam(
-    learning_rate: base.ScalarOrSchedule,
-    b1: jax.typing.ArrayLike = 0.9,
-    b2: jax.typing.ArrayLike = 0.999,
-    eps: jax.typing.ArrayLike = 1e-8,
-    eps_root: jax.typing.ArrayLike = 0.0,
-    threshold: jax.typing.ArrayLike = 5.0,
-    *,
-    nesterov: bool = False,
-) -> _Extra:
-  """Rectified Adam: momentum SGD until the variance estimate is reliable.
-
-  Reference: Liu et al., "On the Variance of the Adaptive Learning Rate and
-  Beyond", ICLR 2020 (https://arxiv.org/abs/1908.03265).
-  """
-  return combine.chain(
-      adam_lib.scale_by_radam(
-          b1=b1, b2=b2, eps=eps, eps_root=eps_root, threshold=threshold,
-          nesterov=nesterov),
-      scaling.scale_by_learning_rate(learning_rate),
-  )
-
-
-def amsgrad(
-    learning_rate: base.ScalarOrSchedule,
-    b1: jax.typing.ArrayLike = 0.9,
-    b2: jax.typing.ArrayLike = 0.999,
-    eps: jax.typing.ArrayLike = 1e-8,
-    eps_root: jax.typing.ArrayLike = 0.0,
-    mu_dtype: Any | None = None,
-    bias_correction_mu: bool = True,
-    bias_correction_nu: bool = True,
-) -> _Extra:
-  """AMSGrad: Adam dividing by the running maximum of the second moment.
-
-  Reference: Reddi et al., "On the Convergence of Adam and Beyond", ICLR 2018
-  (https://openreview.net/forum?id=ryQu7f-RZ).
-  """
-  return combine.chain(
-      adam_variants.scale_by_amsgrad(
-          b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype,
-          bias_correction_mu=bias_correction_mu,
-          bias_correction_nu=bias_correction_nu),
-      scaling.scale_by_learning_rate(learning_rate),
-  )
-
-
-def nadam(
-    learning_rate: base.ScalarOrSchedule,
-    b1: jax.typing.ArrayLike = 0.9,
-    b2: jax.typing.ArrayLike = 0.999,
-    eps: jax.typing.ArrayLike = 1e-8,
-    eps_root: jax.typing.ArrayLike = 0.0,
-    mu_dtype: Any | None = None,
-) -> _Extra:
-  """NAdam: Adam with Nesterov momentum.
-
-  Reference: Dozat, "Incorporating Nesterov Momentum into Adam", ICLR workshop
-  2016 (https://openreview.net/forum?id=OM0jvwB8jIp57ZJjtNEZ).
-  """
-  return adam(learning_rate, b1=b1, b2=b2, eps=eps, eps_root=eps_root,
-                    mu_dtype=mu_dtype, nesterov=True)
-
-
-def nadamw(
-    learning_rate: base.ScalarOrSchedule,
-    b1: jax.typing.ArrayLike = 0.9,
-    b2: jax.typing.ArrayLike = 0.999,
-    eps: jax.typing.ArrayLike = 1e-8,
-    eps_root: jax.typing.ArrayLike = 0.0,
-    mu_dtype: Any | None = None,
-    weight_decay: base.ScalarOrSchedule = 1e-4,
-    mask: MaskOrFn = None,
-) -> _Extra:
-  """NAdamW: NAdam with decoupled weight decay.
-
-  References: Dozat, "Incorporating Nesterov Momentum into Adam", ICLR
-  workshop 2016 (https://openreview.net/forum?id=OM0jvwB8jIp57ZJjtNEZ);
-  Loshchilov & Hutter, "Decoupled Weight Decay Regularization", ICLR 2019
-  (https://arxiv.org/abs/1711.05101).
-  """
-  return adamw(learning_rate, b1=b1, b2=b2, eps=eps, eps_root=eps_root,
-                     mu_dtype=mu_dtype, weight_decay=weight_decay, mask=mask,
-                     nesterov=True)

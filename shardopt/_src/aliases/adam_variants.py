@@ -1,26 +1,27 @@
-"""Ready-made optimizers built from the transforms of the optax catalogue
-beyond Adam/SGD: each is a chain of a direction, optional weight decay and the
-(negated) learning rate, with optax's names, signatures and defaults.
+"""Adam variants changing the second moment: AdaBelief, AMSGrad, RAdam, Yogi.
+
+Each is a chain of a direction and the (negated) learning rate, with optax's
+names, signatures and defaults.
 """
+
+from typing import Any
 
 import jax
 
 from shardopt._src import base
-from shardopt._src.aliases.gradient_descent import descend
+from shardopt._src.transforms import adam as adam_lib
 from shardopt._src.transforms import adam_variants
 from shardopt._src.transforms import scaling
 from shardopt._src.wrappers import combine
 
 __all__ = [
     "adabelief",
-    "adamax",
-    "adamaxw",
-    "adan",
+    "amsgrad",
+    "radam",
     "yogi",
 ]
 
 _Extra = base.GradientTransformationExtraArgs
-MaskOrFn = base.MaskOrFn
 
 
 def adabelief(
@@ -45,63 +46,6 @@ def adabelief(
   )
 
 
-def adamax(
-    learning_rate: base.ScalarOrSchedule,
-    b1: jax.typing.ArrayLike = 0.9,
-    b2: jax.typing.ArrayLike = 0.999,
-    eps: jax.typing.ArrayLike = 1e-8,
-) -> _Extra:
-  """Adamax: Adam with an infinity-norm second moment.
-
-  Reference: Kingma & Ba, "Adam: A Method for Stochastic Optimization", 2014
-  (https://arxiv.org/abs/1412.6980), Sec. 7.1.
-  """
-  return combine.chain(
-      adam_variants.scale_by_adamax(b1=b1, b2=b2, eps=eps),
-      scaling.scale_by_learning_rate(learning_rate),
-  )
-
-
-def adamaxw(
-    learning_rate: base.ScalarOrSchedule,
-    b1: jax.typing.ArrayLike = 0.9,
-    b2: jax.typing.ArrayLike = 0.999,
-    eps: jax.typing.ArrayLike = 1e-8,
-    weight_decay: base.ScalarOrSchedule = 1e-4,
-    mask: MaskOrFn = None,
-) -> _Extra:
-  """Adamax with decoupled weight decay.
-
-  References: Kingma & Ba, "Adam: A Method for Stochastic Optimization", 2014
-  (https://arxiv.org/abs/1412.6980), Sec. 7.1; Loshchilov & Hutter,
-  "Decoupled Weight Decay Regularization", ICLR 2019
-  (https://arxiv.org/abs/1711.05101).
-  """
-  return descend(adam_variants.scale_by_adamax(b1=b1, b2=b2, eps=eps),
-                  learning_rate, weight_decay, mask)
-
-
-def adan(
-    learning_rate: base.ScalarOrSchedule,
-    b1: jax.typing.ArrayLike = 0.98,
-    b2: jax.typing.ArrayLike = 0.92,
-    b3: jax.typing.ArrayLike = 0.99,
-    eps: jax.typing.ArrayLike = 1e-8,
-    eps_root: jax.typing.ArrayLike = 1e-8,
-    weight_decay: base.ScalarOrSchedule = 0.0,
-    mask: MaskOrFn = None,
-) -> _Extra:
-  """Adan: adaptive Nesterov momentum, with decoupled weight decay.
-
-  Reference: Xie et al., "Adan: Adaptive Nesterov Momentum Algorithm for
-  Faster Optimizing Deep Models", 2022 (https://arxiv.org/abs/2208.06677).
-  """
-  return descend(
-      adam_variants.scale_by_adan(b1=b1, b2=b2, b3=b3, eps=eps,
-                                      eps_root=eps_root),
-      learning_rate, weight_decay, mask)
-
-
 def yogi(
     learning_rate: base.ScalarOrSchedule,
     b1: jax.typing.ArrayLike = 0.9,
@@ -115,5 +59,52 @@ def yogi(
   """
   return combine.chain(
       adam_variants.scale_by_yogi(b1=b1, b2=b2, eps=eps),
+      scaling.scale_by_learning_rate(learning_rate),
+  )
+
+
+def amsgrad(
+    learning_rate: base.ScalarOrSchedule,
+    b1: jax.typing.ArrayLike = 0.9,
+    b2: jax.typing.ArrayLike = 0.999,
+    eps: jax.typing.ArrayLike = 1e-8,
+    eps_root: jax.typing.ArrayLike = 0.0,
+    mu_dtype: Any | None = None,
+    bias_correction_mu: bool = True,
+    bias_correction_nu: bool = True,
+) -> _Extra:
+  """AMSGrad: Adam dividing by the running maximum of the second moment.
+
+  Reference: Reddi et al., "On the Convergence of Adam and Beyond", ICLR 2018
+  (https://openreview.net/forum?id=ryQu7f-RZ).
+  """
+  return combine.chain(
+      adam_variants.scale_by_amsgrad(
+          b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype,
+          bias_correction_mu=bias_correction_mu,
+          bias_correction_nu=bias_correction_nu),
+      scaling.scale_by_learning_rate(learning_rate),
+  )
+
+
+def radam(
+    learning_rate: base.ScalarOrSchedule,
+    b1: jax.typing.ArrayLike = 0.9,
+    b2: jax.typing.ArrayLike = 0.999,
+    eps: jax.typing.ArrayLike = 1e-8,
+    eps_root: jax.typing.ArrayLike = 0.0,
+    threshold: jax.typing.ArrayLike = 5.0,
+    *,
+    nesterov: bool = False,
+) -> _Extra:
+  """Rectified Adam: momentum SGD until the variance estimate is reliable.
+
+  Reference: Liu et al., "On the Variance of the Adaptive Learning Rate and
+  Beyond", ICLR 2020 (https://arxiv.org/abs/1908.03265).
+  """
+  return combine.chain(
+      adam_lib.scale_by_radam(
+          b1=b1, b2=b2, eps=eps, eps_root=eps_root, threshold=threshold,
+          nesterov=nesterov),
       scaling.scale_by_learning_rate(learning_rate),
   )
