@@ -1,0 +1,1 @@
+"""Ready-made optimizers: chains of transformations with optax's names, signatures and defaults."""

@@ -1,0 +1,1 @@
+"""Line searches: backtracking (Armijo) and zoom (strong Wolfe)."""

@@ -1,0 +1,1 @@
+"""Gradient transformations, one family per module (moments, clipping, factored statistics, ...)."""

@@ -1,0 +1,1 @@
+"""Optimizers with trax's formulas, where they differ from optax's."""

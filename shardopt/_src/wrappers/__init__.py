@@ -1,0 +1,1 @@
+"""Combinators and wrappers: transformations built from other transformations."""
