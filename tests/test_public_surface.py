@@ -25,6 +25,13 @@ def _all_modules() -> list[str]:
   return sorted(m.name for m in pkgutil.walk_packages(shardopt.__path__, "shardopt."))
 
 
+def test_every_folder_of_the_package_is_a_regular_package():
+  folders = {path.parent for path in _PACKAGE.rglob("*.py")}
+  implicit = [str(f.relative_to(_PACKAGE.parent)) for f in folders
+              if not (f / "__init__.py").exists()]
+  assert not implicit, f"add an __init__.py (setuptools skips these): {implicit}"
+
+
 def test_no_star_imports_anywhere_in_the_package():
   starred = []
   for path in sorted(_PACKAGE.rglob("*.py")):
