@@ -116,7 +116,8 @@ from shardopt._src.linesearch.zoom import (
 )
 
 # Optimizers (aliases)
-from shardopt._src.aliases.adagrad_family import adadelta, adafactor, adagrad, rmsprop, sm3
+from shardopt._src.aliases.adafactor import adafactor
+from shardopt._src.aliases.adagrad_family import adadelta, adagrad, rmsprop, sm3
 from shardopt._src.aliases.adam import adam, adamw
 from shardopt._src.aliases.adam_variants import adabelief, amsgrad, radam, yogi
 from shardopt._src.aliases.adamax_adan import adamax, adamaxw, adan
