@@ -1,0 +1,186 @@
+"""Blocked views of params for Shampoo and SOAP, aligned with the param's shards.
+
+A param of shape ``(d_1, ..., d_k)`` is cut, along each dimension ``i``, into
+``n_i = d_i / b_i`` blocks of ``b_i`` elements, where ``b_i`` is the largest
+divisor of ``d_i`` not above ``block_size`` (a pure function of the shape, so
+every trace of ``init`` builds the same state). The blocked view has shape
+``(n_1, ..., n_k, b_1, ..., b_k)``: block indices first, then the position
+inside the block. A per-dimension statistic of the blocks has shape
+``(n_1, ..., n_k, b_i, b_i)``; its leading block dimensions carry the param's
+mesh axes, so the statistics of a block live on the device that holds that
+block of the param, and ``shardopt.sharding`` derives their shardings like
+any other state leaf.
+
+Blocks tile a dimension split over mesh axes of total size ``s`` exactly when
+``n_i`` is divisible by ``s`` (each shard holds ``n_i / s`` whole blocks).
+``init`` checks this when it is traced on sharded params (as
+``plan_state_shardings`` does) and raises, naming the param, when not.
+"""
+
+import math
+import string
+from typing import Any
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+__all__ = [
+    "BlockLayout",
+    "apply_along",
+    "block_layout",
+    "block_sizes",
+    "check_aligned",
+    "eye_like",
+    "from_blocks",
+    "gram",
+    "is_blocked",
+    "refresh_due",
+    "to_blocks",
+    "unzip",
+]
+
+_OUTER = string.ascii_lowercase[:8]
+_INNER = string.ascii_uppercase[:8]
+
+
+class BlockLayout(NamedTuple):
+  """How one param is cut into blocks."""
+
+  shape: tuple[int, ...]  # the param's shape
+  block: tuple[int, ...]  # b_i: block length per dimension
+  grid: tuple[int, ...]  # n_i: blocks per dimension
+
+  def __str__(self) -> str:
+    if not self.block:
+      return f"{self.shape}: not blocked (rank < 2)"
+    return (f"{self.shape}: {' x '.join(map(str, self.grid))} blocks of "
+            f"{' x '.join(map(str, self.block))}")
+
+
+def is_blocked(shape) -> bool:
+  """Params of rank 2 and more are preconditioned per block; others are not."""
+  return 2 <= len(shape) <= len(_OUTER)
+
+
+def block_sizes(shape, block_size: int) -> tuple[int, ...]:
+  """Per dimension, the largest divisor of its length not above ``block_size``."""
+  return tuple(max(b for b in range(1, min(d, block_size) + 1) if d % b == 0)
+               for d in shape)
+
+
+def block_layout(params, block_size: int) -> Any:
+  """The ``BlockLayout`` of every param (``str()`` of one reads as a sentence).
+
+  Args:
+    params: a tree of arrays or ``jax.ShapeDtypeStruct``.
+    block_size: the ``block_size`` given to ``shampoo``/``soap``.
+
+  Returns:
+    A tree of ``BlockLayout`` with the structure of ``params``.
+  """
+  def layout(p):
+    shape = tuple(p.shape)
+    if not is_blocked(shape):
+      return BlockLayout(shape, (), ())
+    block = block_sizes(shape, block_size)
+    return BlockLayout(shape, block, tuple(d // b for d, b in zip(shape, block)))
+  return jax.tree.map(layout, params)
+
+
+def _explicit_spec(x) -> tuple | None:
+  """``x``'s spec (one entry per dim) when it carries Explicit mesh axes."""
+  sharding = getattr(jax.typeof(x), "sharding", None)
+  if sharding is None or sharding.mesh.empty or not any(sharding.spec):
+    return None
+  spec = tuple(sharding.spec)
+  return spec + (None,) * (x.ndim - len(spec))
+
+
+def _reshape(x, shape, spec_entries):
+  """``x.reshape(shape)``, telling JAX the result's spec on Explicit axes."""
+  if spec_entries is None:
+    return jnp.reshape(x, shape)
+  mesh = jax.typeof(x).sharding.mesh
+  return jax.lax.reshape(x, shape,
+                         out_sharding=NamedSharding(mesh, P(*spec_entries)))
+
+
+def to_blocks(x: jax.Array, block: tuple[int, ...]) -> jax.Array:
+  """``(d_1..d_k) -> (n_1..n_k, b_1..b_k)``; block dims keep ``x``'s axes."""
+  k = x.ndim
+  split = [s for d, b in zip(x.shape, block) for s in (d // b, b)]
+  spec = _explicit_spec(x)
+  split_spec = None if spec is None else [e for s in spec for e in (s, None)]
+  y = _reshape(x, split, split_spec)
+  return jnp.transpose(y, [2 * i for i in range(k)] + [2 * i + 1 for i in range(k)])
+
+
+def from_blocks(y: jax.Array, like: jax.Array) -> jax.Array:
+  """Inverse of ``to_blocks``: back to ``like``'s shape (and spec)."""
+  k = like.ndim
+  order = [j for i in range(k) for j in (i, k + i)]
+  return _reshape(jnp.transpose(y, order), like.shape, _explicit_spec(like))
+
+
+def _subscripts(k: int) -> tuple[str, str]:
+  return _OUTER[:k], _INNER[:k]
+
+
+def gram(blocks: jax.Array, dim: int) -> jax.Array:
+  """Per block, ``G_(i) G_(i)^T`` along inner dim ``dim``: ``(n.., b_i, b_i)``."""
+  k = blocks.ndim // 2
+  outer, inner = _subscripts(k)
+  other = inner.replace(inner[dim], "z")
+  spec = f"{outer}{inner},{outer}{other}->{outer}{inner[dim]}z"
+  return jnp.einsum(spec, blocks, blocks)
+
+
+def apply_along(mats: jax.Array, blocks: jax.Array, dim: int,
+                transpose: bool = False) -> jax.Array:
+  """Per block, multiplies inner dim ``dim`` by ``mats`` (``M x`` or ``M^T x``)."""
+  k = blocks.ndim // 2
+  outer, inner = _subscripts(k)
+  pair = f"z{inner[dim]}" if transpose else f"{inner[dim]}z"
+  source = inner.replace(inner[dim], "z")
+  return jnp.einsum(f"{outer}{pair},{outer}{source}->{outer}{inner}",
+                    mats, blocks)
+
+
+def eye_like(mats: jax.Array) -> jax.Array:
+  """Identity matrices in every block, laid out like ``mats``."""
+  return jnp.zeros_like(mats) + jnp.eye(mats.shape[-1], dtype=mats.dtype)
+
+
+def check_aligned(path: str, x, block: tuple[int, ...]) -> None:
+  """Raises when blocks of ``x`` would straddle two shards of ``x``."""
+  spec = _explicit_spec(x)
+  if spec is None:
+    return
+  mesh = jax.typeof(x).sharding.mesh
+  for dim, (entry, d, b) in enumerate(zip(spec, x.shape, block)):
+    names = entry if isinstance(entry, tuple) else (entry,)
+    split = math.prod(mesh.shape[n] for n in names if n is not None)
+    if (d // b) % split:
+      shard = d // split
+      fits = max(c for c in range(1, shard + 1) if shard % c == 0 and d % c == 0
+                 and c <= b)
+      raise ValueError(
+          f"params{path}: dimension {dim} (length {d}) is split over mesh "
+          f"axes {entry} into shards of {shard}, which blocks of {b} do not "
+          f"tile, so a block's statistics would span devices. Pass a "
+          f"block_size that divides {shard} (e.g. block_size={fits}).")
+
+
+def refresh_due(count, start: int, every: int) -> jax.Array:
+  """Whether step ``count`` (1-based) recomputes the preconditioners: at
+  ``start`` and every ``every`` steps after it."""
+  return (count >= start) & ((count - start) % every == 0)
+
+
+def unzip(template, results, size: int) -> tuple:
+  """A tree of ``size``-tuples (at ``template``'s leaves) as ``size`` trees."""
+  return tuple(jax.tree.map(lambda _, r, i=i: r[i], template, results)
+               for i in range(size))
