@@ -19,14 +19,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 import checkpoints
 import partitioning
 import shardopt
-from launch import data, report
+from launch import data, report, resume, run_config, run_folder
 from launch.model import ModelConfig, Transformer, next_token_loss
-from launch.optim import build_optimizer, build_schedule
+from launch.optim import build_schedule
+from launch.validation import NonFiniteGuard, as_usage_error, checked_mesh, checked_optimizer
 
 __all__ = ["init_distributed", "run"]
 
@@ -102,74 +102,94 @@ def _describe(args, mesh, rules, specs, abstract, state) -> None:
        "", "per-device memory plan:", plan.table(), "")
 
 
-def _grad_step(model, param_shardings, replicated):
-  loss_fn = lambda params, tokens: next_token_loss(model, params, tokens)
-  return jax.jit(jax.value_and_grad(loss_fn), out_shardings=(replicated, param_shardings))
+def _log(pending, schedule, progress, metrics_path, guard) -> None:
+  """Fetches the losses of the steps since the last log (one host sync for
+  all of them) and writes one metrics record per step; a non-finite loss
+  stops the job there (``guard``)."""
+  if not pending:
+    return
+  fetched = jax.device_get([entry[1:] for entry in pending])
+  speed = progress.tokens_per_s(pending[-1][0])
+  for (step, *_), (loss, *extra) in zip(pending, fetched):
+    loss, lr = float(loss), float(schedule(step - 1))
+    fields = guard.fields(step, loss, extra)
+    if jax.process_index() == 0:
+      report.append_metrics(metrics_path, {"step": step, "loss": loss, "lr": lr,
+                                           "tokens_per_s": speed, "time": time.time(),
+                                           **fields})
+    progress.show(step, loss, lr, speed)
+  pending.clear()
 
 
-def _initial_state(args, model, abstract, opt, abstract_state, manager):
-  """(params, opt_state, first step): fresh from --seed, or the latest checkpoint."""
-  latest = manager.latest_step()
-  if latest is not None and not args.resume:
-    raise SystemExit(f"{args.checkpoint_dir} already holds checkpoints (latest step {latest}):"
-                     " pass --resume to continue from it, or choose another --out or"
-                     " --checkpoint-dir (or delete it) to start afresh.")
-  if latest is not None:
-    restored = manager.restore({"params": abstract, "opt_state": abstract_state}, latest)
-    _say(f"resumed from step {latest} ({args.checkpoint_dir})")
-    return restored.state["params"], restored.state["opt_state"], latest
+def _initial_state(args, model, abstract, opt, abstract_state, manager, resumed, config):
+  """(params, opt_state, first step): fresh from --seed, or the newest valid
+  checkpoint when ``resumed`` (same run configuration required)."""
+  if resumed:
+    target = {"params": abstract, "opt_state": abstract_state}
+    restored = resume.restore(manager, target, config, args.steps, _say)
+    _say(f"resumed from step {restored.step} ({args.checkpoint_dir})")
+    return restored.state["params"], restored.state["opt_state"], restored.step
   init = lambda key: model.init(key, jnp.zeros((1, args.seq_len - 1), jnp.int32))["params"]
   param_shardings = jax.tree.map(lambda a: a.sharding, abstract)
   params = jax.jit(init, out_shardings=param_shardings)(jax.random.key(args.seed))
   return params, opt.init(params), 0
 
 
-def _save(manager, step, params, opt_state, meta) -> int:
-  """Starts an async save of ``step`` (our interval, not orbax's first-step rule)."""
+def _save(manager, step, params, opt_state, meta, guard) -> int:
+  """Starts an async save of ``step`` (our interval, not orbax's first-step
+  rule); a state holding NaN or Inf is not saved (``guard``)."""
+  guard.check_state(step, (params, opt_state))
   manager.save(step, {"params": params, "opt_state": opt_state}, metadata=meta, force=True)
   return step
 
 
 def run(args: argparse.Namespace) -> int:
   init_distributed(args)
-  out = pathlib.Path(args.out)
-  out.mkdir(parents=True, exist_ok=True)
-  mesh = partitioning.make_mesh(args.mesh)
-  model, tx = _model(args), build_optimizer(args)
-  rules, specs, abstract, opt = _layout(args, mesh, model, tx)
+  mesh = checked_mesh(args)
+  model, tx = _model(args), checked_optimizer(args)
+  with as_usage_error(f"--mesh {args.mesh} --rules {args.rules} and the model sizes"):
+    rules, specs, abstract, opt = _layout(args, mesh, model, tx)
   abstract_state = partitioning.abstract_params(
       jax.eval_shape(tx.init, abstract), opt.state_shardings)
+  resumed, note = run_folder.prepare(args, is_main=jax.process_index() == 0)
+  if note:
+    _say(note)
+  out = pathlib.Path(args.out)
+  config = run_config.config_of(args, jax.process_count(), jax.device_count())
+  guard = NonFiniteGuard(args.skip_nonfinite, hint="Lower --lr or --clip-norm, or pass"
+                         " --skip-nonfinite to skip such steps.")
   _describe(args, mesh, rules, specs, abstract, abstract_state)
   manager = checkpoints.CheckpointManager(
       pathlib.Path(args.checkpoint_dir).absolute(),
       checkpoints.CheckpointPolicy(keep_last=args.keep_checkpoints))
   params, opt_state, start = _initial_state(
-      args, model, abstract, opt, abstract_state, manager)
-  grad_fn = _grad_step(model, jax.tree.map(lambda a: a.sharding, abstract),
-                       NamedSharding(mesh, P()))
+      args, model, abstract, opt, abstract_state, manager, resumed, config)
+  guard.resume_from(opt_state)
+  train_step = opt.train_step(lambda p, tokens: next_token_loss(model, p, tokens))
   corpus, schedule = data.load_corpus(), build_schedule(args)
   metrics_path = out / "metrics.jsonl"
   progress = report.Progress(args.steps, args.batch * (args.seq_len - 1), args.log_every,
                              quiet=jax.process_index() != 0)
   if jax.process_index() == 0:
     report.truncate_metrics(metrics_path, start)
-  meta = {"seed": args.seed, "optimizer": args.optimizer, "mesh": dict(mesh.shape)}
-  stop, step, saved = StopRequest(), start, start
+  meta = {"seed": args.seed, "optimizer": args.optimizer, "mesh": dict(mesh.shape),
+          "config": config}
+  stop, step, saved, pending = StopRequest(), start, start, []
   try:
     while step < args.steps and not stop.agreed():
       tokens = data.sharded_batch(corpus, args.seed, step, args.batch, args.seq_len, mesh)
-      loss, grads = grad_fn(params, tokens)
-      params, opt_state = opt.update(grads, opt_state, params)
-      loss, lr, step = float(loss), float(schedule(step)), step + 1
-      speed = progress.tokens_per_s(step)
-      if jax.process_index() == 0:
-        report.append_metrics(metrics_path, {"step": step, "loss": loss, "lr": lr,
-                                             "tokens_per_s": speed, "time": time.time()})
-      progress.show(step, loss, lr, speed)
-      if args.checkpoint_every and step % args.checkpoint_every == 0:
-        saved = _save(manager, step, params, opt_state, meta)
+      params, opt_state, loss = train_step(params, opt_state, tokens)
+      step += 1
+      # fetched every --log-every steps, not per step
+      pending.append((step, loss, *guard.per_step(opt_state)))
+      checkpoint = args.checkpoint_every and step % args.checkpoint_every == 0
+      if step % args.log_every == 0 or checkpoint:
+        _log(pending, schedule, progress, metrics_path, guard)
+      if checkpoint:
+        saved = _save(manager, step, params, opt_state, meta, guard)
+    _log(pending, schedule, progress, metrics_path, guard)
     if saved != step:
-      _save(manager, step, params, opt_state, meta)
+      _save(manager, step, params, opt_state, meta, guard)
     manager.wait_until_finished()
   finally:
     stop.restore()

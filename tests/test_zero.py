@@ -35,7 +35,7 @@ def shardings(axis_types="auto"):
 
 def test_plan_shards_mirrors_and_reports_the_rest():
   plan = shardopt.plan_state_shardings(transforms()["adam"], abstract(),
-                                       shardings(), shard_state_over="data")
+                                       shardings(), shard_state_over="data", min_shard_bytes=0)
   mu, nu = plan.shardings[0].mu, plan.shardings[0].nu
   for name, want in ZERO_SPECS.items():
     assert mu[name].spec == want == nu[name].spec, name
@@ -55,7 +55,7 @@ def test_state_shardings_warns_about_what_zero_left_out():
   with pytest.warns(shardopt.ReplicatedStateWarning,
                     match=r"shard_state_over='data' left") as record:
     shardopt.state_shardings(transforms()["adam"], abstract(), shardings(),
-                             shard_state_over="data")
+                             shard_state_over="data", min_shard_bytes=0)
   message = str(record[0].message)
   assert all(f"['{k}']" in message for k in SKIPPED)
   assert "['embedding']" not in message
@@ -71,7 +71,7 @@ def test_zero_halves_state_bytes_and_keeps_results(name, axis_types):
   plain = shardopt.make_sharded_optimizer(tx, params, param_shardings)
   with pytest.warns(shardopt.ReplicatedStateWarning):  # bias, odd, fsdp
     zero = shardopt.make_sharded_optimizer(tx, params, param_shardings,
-                                           shard_state_over="data")
+                                           shard_state_over="data", min_shard_bytes=0)
   placed = jax.device_put(params, param_shardings)
   plain_state, zero_state = plain.init(placed), zero.init(placed)
   for path_leaf, a, b, planned in zip(

@@ -3,7 +3,8 @@
 ``plan_state_shardings`` traces a transformation's ``init`` on the sharded params
 (no hand-kept table) and says, leaf by leaf, which param each state leaf follows
 and what ZeRO did; ``make_sharded_optimizer`` compiles ``init`` and ``update``
-with those shardings. optax has no counterpart of this namespace.
+with those shardings, and ``ShardedOptimizer.train_step`` compiles a whole
+training step (loss, gradients, update) as one program. optax has no counterpart of this namespace.
 """
 
 from shardopt.sharding._derivation import LeafPlan
@@ -13,12 +14,13 @@ from shardopt.sharding._derivation import plan_state_shardings
 from shardopt.sharding._derivation import state_shardings
 from shardopt.sharding._step import ShardedOptimizer
 from shardopt.sharding._step import ShardedUpdate
+from shardopt.sharding._step import TrainStep
 from shardopt.sharding._step import make_sharded_optimizer
 from shardopt.sharding._step import sharded_init
 from shardopt.sharding._step import sharded_update
 
 __all__ = [
-    "LeafPlan", "ReplicatedStateWarning", "ShardedOptimizer", "ShardedUpdate", "StatePlan",
+    "LeafPlan", "ReplicatedStateWarning", "ShardedOptimizer", "ShardedUpdate", "StatePlan", "TrainStep",
     "make_sharded_optimizer", "plan_state_shardings", "sharded_init", "sharded_update",
     "state_shardings",
 ]

@@ -12,19 +12,17 @@ transformations are handled the same way. An init that JAX cannot trace on
 sharded params (e.g. ``p.T @ p`` over a sharded dimension) gets replicated
 state, with a warning.
 
-Which state leaf belongs to which param: a state subtree belongs to the
-params when the params' tree structure is a prefix of it (as in
-``optax.tree_map_params``, but a prefix, so SM3's per-param lists and masked
-nodes fit). Every leaf below a param's position *derives* from that param; a
-derived leaf with the param's shape *mirrors* it. A mirror that comes out
+Which state leaf belongs to which param: by the stand-in trace of
+``_ownership`` (a structural prefix match only where that trace cannot run).
+A derived leaf with its param's shape *mirrors* it. A mirror that comes out
 less sharded than its param (state built from a bare shape) is reported with
-a ``ReplicatedStateWarning``, never silently. (Params given as one bare
-array make every state leaf derive from it; only shape then tells mirrors.)
+a ``ReplicatedStateWarning``, never silently.
 
-ZeRO (``shard_state_over='data'``): every mirror additionally shards over
-that mesh axis, on its largest dimension that is free (``None`` in the spec)
-and divisible by the axis size (the first such on a tie). The plan's report
-says, leaf by leaf, what was sharded and why the rest could not be.
+ZeRO (``shard_state_over='data'``): every state leaf of at least
+``min_shard_bytes`` additionally shards over that mesh axis on a free
+divisible dimension (``_zero``). The plan says, leaf by leaf, what was
+sharded and why the rest could not be; the large leaves left out are listed
+in ``zero_skipped`` and warned about.
 """
 
 import math
@@ -36,6 +34,13 @@ import jax
 from jax.sharding import AxisType
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+
+from shardopt.sharding._ownership import state_owners
+from shardopt.sharding._specs import device_bytes as _device_bytes
+from shardopt.sharding._specs import full_spec as _full_spec
+from shardopt.sharding._specs import spec_axes as _axes
+from shardopt.sharding._zero import DEFAULT_MIN_SHARD_BYTES
+from shardopt.sharding._zero import zero_dimension
 
 __all__ = [
     "LeafPlan",
@@ -70,6 +75,7 @@ class StatePlan(NamedTuple):
   leaves: tuple[LeafPlan, ...]
   axis: str | None  # the ZeRO axis, if one was asked for
   under_sharded: tuple[str, ...]  # derived leaves less sharded than their param
+  min_shard_bytes: int = DEFAULT_MIN_SHARD_BYTES  # ZeRO leaves smaller alone
 
   @property
   def zero_sharded(self) -> tuple[LeafPlan, ...]:
@@ -78,10 +84,12 @@ class StatePlan(NamedTuple):
 
   @property
   def zero_skipped(self) -> tuple[LeafPlan, ...]:
-    """Mirrors that ZeRO could not shard over ``axis`` (see ``zero``)."""
+    """Leaves of at least ``min_shard_bytes`` (scalars aside) that ZeRO did
+    not shard over ``axis``; ``zero`` says why."""
     return tuple(
-        l for l in self.leaves if self.axis and l.mirrors
-        and not l.zero.startswith("dim "))
+        l for l in self.leaves if self.axis and l.shape
+        and not l.zero.startswith("dim ")
+        and _nbytes(l) >= self.min_shard_bytes)
 
   @property
   def bytes_per_device(self) -> int:
@@ -101,19 +109,26 @@ class StatePlan(NamedTuple):
     head = (f"state sharding plan: {len(self.leaves)} leaves, "
             f"{self.bytes_per_device:,} bytes per device")
     if self.axis:
+      mirrors = sum(l.mirrors for l in self.zero_skipped)
       head += (f"; ZeRO over {self.axis!r}: {len(self.zero_sharded)} sharded,"
-               f" {len(self.zero_skipped)} mirrors not")
+               f" {mirrors} mirrors not, {len(self.zero_skipped) - mirrors}"
+               f" other leaves >= {self.min_shard_bytes} bytes not")
     width = max([len(l.path) for l in self.leaves] + [4])
     lines = [head]
     for l in self.leaves:
       origin = f" <- params{l.param}" if l.param is not None else ""
       zero = f"  zero: {l.zero}" if l.zero else ""
-      lines.append(f"  {l.path:<{width}}  {str(l.shape):<14} {str(l.dtype):<8} "
+      lines.append(f"  {l.path:<{width}}  {l.shape!s:<14} {l.dtype!s:<8} "
                    f"{l.spec}{origin}{zero}")
     return "\n".join(lines)
 
 
-def state_shardings(tx, params, param_shardings, *, shard_state_over=None):
+def _nbytes(leaf: LeafPlan) -> int:
+  return math.prod(leaf.shape) * getattr(leaf.dtype, "itemsize", 0)
+
+
+def state_shardings(tx, params, param_shardings, *, shard_state_over=None,
+                    min_shard_bytes: int = DEFAULT_MIN_SHARD_BYTES):
   """The ``NamedSharding`` of every leaf of ``tx.init(params)``.
 
   Args:
@@ -122,21 +137,32 @@ def state_shardings(tx, params, param_shardings, *, shard_state_over=None):
     param_shardings: a ``NamedSharding`` per param (same tree structure), all
       on one mesh (Auto or Explicit axes, or an ``AbstractMesh``).
     shard_state_over: a mesh axis over which to additionally shard every
-      state leaf that mirrors a param (ZeRO); ``None`` for none.
+      state leaf of at least ``min_shard_bytes`` (ZeRO); ``None`` for none.
+    min_shard_bytes: ZeRO leaves state leaves smaller than this (whole-leaf
+      bytes) as they are; default 4 KiB.
+
+  Returns:
+    A tree of ``NamedSharding`` with the structure of ``tx.init(params)``.
 
   Warns (``ReplicatedStateWarning``) about state less sharded than its param
-  and about mirrors that ZeRO could not shard; see ``plan_state_shardings``
-  for the full report.
+  and about leaves of at least ``min_shard_bytes`` that ZeRO could not shard;
+  see ``plan_state_shardings`` for the full report.
   """
   plan = plan_state_shardings(
-      tx, params, param_shardings, shard_state_over=shard_state_over)
+      tx, params, param_shardings, shard_state_over=shard_state_over,
+      min_shard_bytes=min_shard_bytes)
   plan.warn_zero_skipped(stacklevel=2)
   return plan.shardings
 
 
 def plan_state_shardings(tx, params, param_shardings, *,
-                         shard_state_over=None) -> StatePlan:
+                         shard_state_over=None,
+                         min_shard_bytes: int = DEFAULT_MIN_SHARD_BYTES
+                         ) -> StatePlan:
   """Like ``state_shardings``, returning a ``StatePlan`` (shardings + report)."""
+  if min_shard_bytes < 0:
+    raise ValueError(f"min_shard_bytes={min_shard_bytes}: expected bytes >= 0"
+                     " (0 lets ZeRO shard every non-scalar leaf).")
   mesh = _common_mesh(param_shardings)
   if shard_state_over is not None and shard_state_over not in mesh.shape:
     raise ValueError(
@@ -146,14 +172,15 @@ def plan_state_shardings(tx, params, param_shardings, *,
   spec_leaves = _param_specs(params, param_shardings)
   state = _abstract_state(tx, params, spec_leaves, params_def, mesh)
   state_leaves, state_def = jax.tree_util.tree_flatten_with_path(state)
-  owners = _owners(state, params_def)
+  owners = state_owners(tx.init, params_def, state)
   param_paths = [jax.tree_util.keystr(p) for p, _ in
                  jax.tree_util.tree_flatten_with_path(params)[0]]
   plans = [
       _plan_leaf(jax.tree_util.keystr(path), leaf,
                  None if owner is None else param_leaves[owner],
+                 None if owner is None else spec_leaves[owner],
                  None if owner is None else param_paths[owner],
-                 mesh, shard_state_over)
+                 mesh, shard_state_over, min_shard_bytes)
       for (path, leaf), owner in zip(state_leaves, owners)]
   under = tuple(
       pl.path for pl, owner in zip(plans, owners)
@@ -167,7 +194,8 @@ def plan_state_shardings(tx, params, param_shardings, *,
         + ", ".join(under), ReplicatedStateWarning, stacklevel=2)
   shardings = jax.tree.unflatten(
       state_def, [NamedSharding(mesh, pl.spec) for pl in plans])
-  return StatePlan(shardings, tuple(plans), shard_state_over, under)
+  return StatePlan(shardings, tuple(plans), shard_state_over, under,
+                   min_shard_bytes)
 
 
 def _common_mesh(param_shardings):
@@ -227,29 +255,16 @@ def _abstract_state(tx, params, spec_leaves, params_def, mesh):
   return jax.eval_shape(tx.init, jax.tree.unflatten(params_def, unsharded))
 
 
-def _owners(state, params_def) -> list[int | None]:
-  """Per state leaf (flatten order), the index of the param it derives from."""
-  if params_def.num_leaves == 0:
-    return [None] * len(jax.tree.leaves(state))
-  try:
-    subtrees = params_def.flatten_up_to(state)
-  except (ValueError, TypeError):
-    subtrees = None
-  if subtrees is not None:
-    return [i for i, sub in enumerate(subtrees) for _ in jax.tree.leaves(sub)]
-  children = jax.tree.leaves(state, is_leaf=lambda x: x is not state)
-  if len(children) == 1 and children[0] is state:  # an array leaf
-    return [None]
-  return [o for child in children for o in _owners(child, params_def)]
-
-
-def _plan_leaf(path, leaf, param, param_path, mesh, axis):
+def _plan_leaf(path, leaf, param, param_spec, param_path, mesh, axis,
+               min_shard_bytes):
   spec = _full_spec(leaf.sharding.spec if leaf.sharding is not None else P(),
                     len(leaf.shape))
   mirrors = param is not None and tuple(leaf.shape) == tuple(param.shape)
   zero = ""
   if axis is not None:
-    zero, dim = _zero_dim(leaf.shape, spec, mirrors, axis, mesh.shape[axis])
+    zero, dim = zero_dimension(
+        leaf.shape, leaf.dtype, spec, None if param is None else param.shape,
+        param_spec, axis, mesh.shape[axis], min_shard_bytes)
     if dim is not None:
       entries = list(spec)
       entries[dim] = axis
@@ -268,49 +283,3 @@ def _under_sharded(plan: LeafPlan, param, param_spec, mesh) -> bool:
     return False
   param_shard = _device_bytes(param, param_spec, mesh) // param.dtype.itemsize
   return math.prod(plan.shape) > param_shard
-
-
-def _zero_dim(shape, spec, mirrors, axis, size) -> tuple[str, int | None]:
-  """Where ZeRO puts ``axis`` on a leaf, or why it cannot."""
-  if not shape:
-    return "not sharded: scalar", None
-  if not mirrors:
-    return "not sharded: not a full-size mirror of a param", None
-  if axis in _axes(spec):
-    return f"not sharded: {axis!r} already used in {spec}", None
-  free = [d for d, entry in enumerate(spec) if entry is None]
-  if not free:
-    return "not sharded: no free dimension", None
-  fits = [d for d in free if shape[d] % size == 0]
-  if not fits:
-    return (f"not sharded: no free dimension divisible by {size} "
-            f"(free dims {[shape[d] for d in free]})"), None
-  dim = max(fits, key=lambda d: shape[d])
-  return f"dim {dim}", dim
-
-
-def _full_spec(spec, ndim: int) -> P:
-  """``spec`` padded with ``None`` to one entry per dimension."""
-  entries = tuple(spec)
-  return P(*entries, *([None] * (ndim - len(entries))))
-
-
-def _axes(spec) -> set[str]:
-  """The mesh axes a spec uses."""
-  names = set()
-  for entry in spec:
-    if isinstance(entry, tuple):
-      names.update(entry)
-    elif entry is not None:
-      names.add(entry)
-  return names
-
-
-def _device_bytes(leaf, spec, mesh) -> int:
-  """Bytes of one shard of ``leaf`` laid out by ``spec`` on ``mesh``."""
-  shard = []
-  for dim, entry in zip(leaf.shape, spec):
-    names = entry if isinstance(entry, tuple) else (entry,)
-    split = math.prod(mesh.shape[n] for n in names if n is not None)
-    shard.append(-(-dim // split))
-  return math.prod(shard) * getattr(leaf.dtype, "itemsize", 0)

@@ -11,21 +11,36 @@ the order they were passed, or the step allocates a full-size temporary and
 runs several times slower. The jitted function therefore takes
 ``(params, grads, state)`` and returns ``(params, state)``; ``ShardedUpdate``
 presents it in optax's order, ``(grads, state, params)``.
+
+``ShardedOptimizer.train_step(loss_fn)`` is the whole training step as one
+program, ``(params, state, batch) -> (params, state, loss)``: loss, gradients
+and the update compiled together, so XLA can fuse and overlap them and the
+gradients never leave the program.
+
+At the boundary (``_boundary``): grads are checked against params once per
+compiled signature, and a donated array passed back in is refused with an
+error that says so.
 """
 
+from collections.abc import Callable
 from typing import Any
-from typing import Callable
 from typing import NamedTuple
 
 import jax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from shardopt._src.tree_math import apply_updates
+from shardopt.sharding._boundary import check_grads
+from shardopt.sharding._boundary import check_live
 from shardopt.sharding._derivation import StatePlan
 from shardopt.sharding._derivation import plan_state_shardings
+from shardopt.sharding._zero import DEFAULT_MIN_SHARD_BYTES
 
 __all__ = [
     "ShardedOptimizer",
     "ShardedUpdate",
+    "TrainStep",
     "make_sharded_optimizer",
     "sharded_init",
     "sharded_update",
@@ -53,7 +68,12 @@ class ShardedUpdate(NamedTuple):
   jitted: Any
 
   def __call__(self, grads, state, params, **extra_args):
-    return self.jitted(params, grads, state, *_split_extra_args(extra_args))
+    check_live("opt.update", grads=grads, state=state, params=params)
+    try:
+      return self.jitted(params, grads, state, *_split_extra_args(extra_args))
+    except (ValueError, TypeError):  # rejected before tracing: say why
+      check_grads(grads, params)
+      raise
 
   def lower(self, grads, state, params, **extra_args):
     return self.jitted.lower(params, grads, state, *_split_extra_args(extra_args))
@@ -76,6 +96,7 @@ def sharded_update(tx, param_shardings, state_shardings, *,
   """
 
   def step(params, grads, state, arrays, callables):
+    check_grads(grads, params)  # while tracing: once per signature
     updates, new_state = tx.update(grads, state, params, **arrays, **dict(callables))
     return apply_updates(params, updates), new_state
 
@@ -88,28 +109,119 @@ def sharded_update(tx, param_shardings, state_shardings, *,
       keep_unused=True))
 
 
+class TrainStep(NamedTuple):
+  """``(params, state, batch) -> (new_params, new_state, loss)``, one jitted
+  program; ``jitted`` is the ``jax.jit`` function (same signature)."""
+
+  jitted: Any
+
+  def __call__(self, params, state, batch):
+    check_live("train_step", params=params, state=state)
+    return self.jitted(params, state, batch)
+
+  def lower(self, params, state, batch):
+    return self.jitted.lower(params, state, batch)
+
+
+def _mesh_of(shardings):
+  return jax.tree.leaves(shardings)[0].mesh
+
+
+def _data_axes(mesh, data_axes, zero_axis) -> tuple[str, ...]:
+  """The mesh axes the batch's leading dimension is split over."""
+  if data_axes is None:
+    data_axes = zero_axis or ("data" if "data" in mesh.shape else None)
+  if data_axes is None:
+    raise ValueError(
+        f"train_step: the mesh {dict(mesh.shape)} has no 'data' axis and no "
+        "ZeRO axis was given; pass data_axes=<the mesh axes the batch is "
+        "split over>.")
+  axes = (data_axes,) if isinstance(data_axes, str) else tuple(data_axes)
+  unknown = [a for a in axes if a not in mesh.shape]
+  if unknown:
+    raise ValueError(f"train_step: data_axes {unknown} are not axes of the "
+                     f"mesh {dict(mesh.shape)}.")
+  return axes
+
+
 class ShardedOptimizer(NamedTuple):
-  """A transformation bound to its layouts: ``init(params) -> state`` and
-  ``update(grads, state, params) -> (new_params, new_state)``."""
+  """A transformation bound to its layouts: ``init(params) -> state``,
+  ``update(grads, state, params) -> (new_params, new_state)``, and
+  ``train_step(loss_fn)``."""
 
   state_shardings: Any
   plan: StatePlan
   init: Callable
   update: ShardedUpdate
+  param_shardings: Any
+  tx: Any
+  donate: bool
+
+  def train_step(self, loss_fn: Callable, *,
+                 data_axes: str | tuple[str, ...] | None = None) -> TrainStep:
+    """The training step as one jitted program.
+
+    Args:
+      loss_fn: ``loss_fn(params, batch) -> scalar loss``.
+      data_axes: mesh axes over which every batch leaf's leading dimension
+        is split; default the ZeRO axis if one was given, else ``'data'``.
+
+    Returns:
+      ``(params, state, batch) -> (new_params, new_state, loss)``: loss,
+      gradients and ``tx.update`` in one program, with params and state in
+      their planned shardings and, with ``donate`` (default), both donated:
+      reuse only the returned ones. The loss comes back replicated and
+      on device (no host sync).
+    """
+    mesh = _mesh_of(self.param_shardings)
+    batch_sharding = NamedSharding(
+        mesh, P(_data_axes(mesh, data_axes, self.plan.axis)))
+    tx = self.tx
+
+    def step(params, state, batch):
+      loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+      updates, new_state = tx.update(grads, state, params)
+      return apply_updates(params, updates), new_state, loss
+
+    return TrainStep(jax.jit(
+        step,
+        in_shardings=(self.param_shardings, self.state_shardings,
+                      batch_sharding),
+        out_shardings=(self.param_shardings, self.state_shardings,
+                       NamedSharding(mesh, P())),
+        donate_argnums=(0, 1) if self.donate else (),
+        keep_unused=True))
 
 
 def make_sharded_optimizer(tx, params, param_shardings, *,
                            shard_state_over: str | None = None,
+                           min_shard_bytes: int = DEFAULT_MIN_SHARD_BYTES,
                            donate: bool = True) -> ShardedOptimizer:
   """Derives the state shardings of ``tx`` (see ``plan_state_shardings``;
   ``plan`` is the printable report) and jits init and update with them.
 
-  Warns, like ``state_shardings``, about mirrors ZeRO could not shard.
+  Args:
+    tx: the transformation (shardopt's or optax's).
+    params: the params, as arrays or ``jax.ShapeDtypeStruct``.
+    param_shardings: a ``NamedSharding`` per param.
+    shard_state_over: the ZeRO mesh axis: every state leaf of at least
+      ``min_shard_bytes`` is additionally sharded over it; ``None`` for none.
+    min_shard_bytes: the smallest state leaf (whole-leaf bytes) ZeRO shards.
+    donate: whether ``update`` and ``train_step`` consume the params and
+      state passed in (in-place update; reuse only the returned ones).
+
+  Returns:
+    A ``ShardedOptimizer``: ``init``, ``update``, ``train_step(loss_fn)``,
+    the state shardings and the plan.
+
+  Warns, like ``state_shardings``, about leaves ZeRO could not shard.
   """
   plan = plan_state_shardings(tx, params, param_shardings,
-                              shard_state_over=shard_state_over)
+                              shard_state_over=shard_state_over,
+                              min_shard_bytes=min_shard_bytes)
   plan.warn_zero_skipped(stacklevel=2)
   return ShardedOptimizer(
       plan.shardings, plan,
       sharded_init(tx, param_shardings, plan.shardings),
-      sharded_update(tx, param_shardings, plan.shardings, donate=donate))
+      sharded_update(tx, param_shardings, plan.shardings, donate=donate),
+      param_shardings, tx, donate)

@@ -1,0 +1,79 @@
+"""Checks at the library boundary of the sharded step: clear errors, naming
+the param, for inputs JAX would accept silently or report in its own terms.
+
+``check_grads`` compares grads with params (tree structure, shapes, dtypes).
+The step calls it while tracing, so it runs once per compiled signature and
+costs nothing per step; a mismatch that ``jit`` rejects before tracing (a
+different tree, an indivisible shape) is diagnosed by it on that error path.
+
+``check_live`` runs on every call: a donated (deleted) array passed to a
+jitted step can crash the process in this jax version instead of raising, so
+the step refuses it first, saying it was donated.
+"""
+
+import jax
+from jax.tree_util import keystr
+from jax.tree_util import tree_flatten_with_path
+import numpy as np
+
+__all__ = ["check_grads", "check_live"]
+
+
+def _first_structure_difference(grads, params) -> str:
+  """Names the first path that one tree has and the other does not."""
+  grad_paths = [keystr(p) for p, _ in tree_flatten_with_path(grads)[0]]
+  param_paths = [keystr(p) for p, _ in tree_flatten_with_path(params)[0]]
+  for path in param_paths:
+    if path not in grad_paths:
+      return f"params{path} has no gradient (grads lack {path})"
+  for path in grad_paths:
+    if path not in param_paths:
+      return f"grads{path} matches no param"
+  return ("the paths agree but the container types differ (e.g. a tuple "
+          "where the params have a list)")
+
+
+def check_grads(grads, params) -> None:
+  """Raises ValueError/TypeError naming the first param whose gradient does
+  not match it in tree position, shape or dtype."""
+  if jax.tree.structure(grads) != jax.tree.structure(params):
+    raise ValueError(
+        "grads do not have the tree structure of params: "
+        f"{_first_structure_difference(grads, params)}. Pass one gradient per "
+        "param, in a tree of the params' structure.")
+  flat = tree_flatten_with_path(params)[0]
+  for (path, param), grad in zip(flat, jax.tree.leaves(grads)):
+    where = keystr(path)
+    if np.shape(grad) != np.shape(param):
+      raise ValueError(
+          f"grads{where} has shape {np.shape(grad)} but params{where} has "
+          f"shape {np.shape(param)}: each gradient must have its param's "
+          "shape.")
+    if grad.dtype != param.dtype:
+      raise TypeError(
+          f"grads{where} is {grad.dtype} but params{where} is {param.dtype}: "
+          "gradients must have their param's dtype (an integer gradient is "
+          "not a gradient; a lower-precision one would silently lose "
+          f"precision in the update). Cast it, e.g. g.astype({param.dtype}).")
+
+
+def check_live(what: str, **trees) -> None:
+  """Raises RuntimeError naming every deleted (donated) array in ``trees``.
+
+  ``what`` names the call, for the message (e.g. ``"opt.update"``).
+  """
+  leaves = [x for tree in trees.values() for x in jax.tree.leaves(tree)]
+  if not any(isinstance(x, jax.Array) and x.is_deleted() for x in leaves):
+    return
+  dead = [f"{name}{keystr(path)}" for name, tree in trees.items()
+          for path, x in tree_flatten_with_path(tree)[0]
+          if isinstance(x, jax.Array) and x.is_deleted()]
+  raise RuntimeError(
+      f"{what} got deleted arrays: {', '.join(dead[:5])}"
+      f"{f' and {len(dead) - 5} more' if len(dead) > 5 else ''}. They were "
+      "donated to an earlier call of the sharded step (make_sharded_optimizer"
+      "(..., donate=True), the default, consumes the params and state it is "
+      "given and reuses their memory for the results). Pass the params and "
+      "state that call returned; to keep your own copy, copy it first "
+      "(jax.tree.map(jnp.copy, params)) or build the optimizer with "
+      "donate=False.")

@@ -1,0 +1,34 @@
+"""Small helpers on PartitionSpecs of state leaves."""
+
+import math
+
+from jax.sharding import PartitionSpec as P
+
+__all__ = ["device_bytes", "full_spec", "spec_axes"]
+
+
+def full_spec(spec, ndim: int) -> P:
+  """``spec`` padded with ``None`` to one entry per dimension."""
+  entries = tuple(spec)
+  return P(*entries, *([None] * (ndim - len(entries))))
+
+
+def spec_axes(spec) -> set[str]:
+  """The mesh axes a spec uses."""
+  names = set()
+  for entry in spec:
+    if isinstance(entry, tuple):
+      names.update(entry)
+    elif entry is not None:
+      names.add(entry)
+  return names
+
+
+def device_bytes(leaf, spec, mesh) -> int:
+  """Bytes of one shard of ``leaf`` laid out by ``spec`` on ``mesh``."""
+  shard = []
+  for dim, entry in zip(leaf.shape, spec):
+    names = entry if isinstance(entry, tuple) else (entry,)
+    split = math.prod(mesh.shape[n] for n in names if n is not None)
+    shard.append(-(-dim // split))
+  return math.prod(shard) * getattr(leaf.dtype, "itemsize", 0)

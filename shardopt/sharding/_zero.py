@@ -1,0 +1,103 @@
+"""ZeRO: where one more mesh axis goes on a state leaf, or why it cannot.
+
+Every state leaf of at least ``min_shard_bytes`` (its whole size) gets the
+ZeRO axis on one free (``None`` in its spec), divisible dimension; smaller
+leaves stay as they are (tiny vectors replicate), and so do scalars.
+
+All leaves derived from one param split the *same* param dimension: the
+param's largest free dimension divisible by the axis size (the first on a
+tie). A mirror takes it directly; a leaf that stacks copies of the param
+(``(m, *param)``, as L-BFGS's memories) takes it among its trailing
+dimensions; a statistic reduced from the param (Adafactor's row and column
+factors, SM3's covers) takes it if it kept that dimension. Statistics of one
+param are combined by broadcasting, so two of them split over one axis on
+different param dimensions would be an illegal layout on Explicit meshes.
+A leaf that derives from no param takes its own largest such dimension.
+"""
+
+import itertools
+import math
+
+from shardopt.sharding._specs import spec_axes
+
+__all__ = ["DEFAULT_MIN_SHARD_BYTES", "zero_dimension"]
+
+DEFAULT_MIN_SHARD_BYTES = 4096
+
+
+def _free_divisible(shape, spec, size) -> tuple[str, int | None]:
+  """The largest free dimension divisible by ``size``, or why none is."""
+  free = [d for d in range(len(shape)) if spec[d] is None]
+  if not free:
+    return "not sharded: no free dimension", None
+  fits = [d for d in free if shape[d] % size == 0]
+  if not fits:
+    return (f"not sharded: no free dimension divisible by {size} "
+            f"(free dims {[shape[d] for d in free]})"), None
+  dim = max(fits, key=lambda d: shape[d])
+  return f"dim {dim}", dim
+
+
+def _param_dims(shape, param_shape) -> list[int | None] | None:
+  """Per leaf dimension, the param dimension it keeps (None: its own, e.g. a
+  history dimension); None when the two shapes match no single way."""
+  shape, param_shape = tuple(shape), tuple(param_shape)
+  rank, param_rank = len(shape), len(param_shape)
+  if shape == param_shape:
+    return list(range(rank))
+  if 0 < param_rank < rank and shape[-param_rank:] == param_shape:
+    return [None] * (rank - param_rank) + list(range(param_rank))
+  if rank == param_rank and all(s in (p, 1) for s, p in zip(shape, param_shape)):
+    return [d if s == p else None for d, (s, p) in enumerate(zip(shape, param_shape))]
+  if rank < param_rank:
+    matches = [kept for kept in itertools.combinations(range(param_rank), rank)
+               if all(shape[i] == param_shape[d] for i, d in enumerate(kept))]
+    if len(matches) == 1:
+      return list(matches[0])
+  return None
+
+
+def zero_dimension(shape, dtype, spec, param_shape, param_spec, axis: str,
+                   size: int, min_shard_bytes: int) -> tuple[str, int | None]:
+  """``("dim k", k)`` where ``axis`` goes on a leaf, or ``(reason, None)``.
+
+  Args:
+    shape: the leaf's shape.
+    dtype: its dtype.
+    spec: its spec, one entry per dimension.
+    param_shape: the shape of the param it derives from, or None.
+    param_spec: that param's spec (one entry per dimension), or None.
+    axis: the ZeRO mesh axis.
+    size: that axis's size.
+    min_shard_bytes: leaves smaller than this are left as they are.
+
+  Returns:
+    ``("dim k", k)``, or a reason starting "not sharded: " and None.
+  """
+  if not shape:
+    return "not sharded: scalar", None
+  nbytes = math.prod(shape) * getattr(dtype, "itemsize", 0)
+  if nbytes < min_shard_bytes:
+    return (f"not sharded: {nbytes} bytes < min_shard_bytes="
+            f"{min_shard_bytes}"), None
+  if axis in spec_axes(spec):
+    return f"not sharded: {axis!r} already used in {spec}", None
+  if param_shape is None:
+    return _free_divisible(shape, spec, size)
+  if axis in spec_axes(param_spec):
+    return (f"not sharded: its param is already sharded over {axis!r} "
+            f"({param_spec})"), None
+  reason, param_dim = _free_divisible(param_shape, param_spec, size)
+  if param_dim is None:
+    return reason, None
+  kept = _param_dims(shape, param_shape)
+  if kept is None:
+    return (f"not sharded: its shape {tuple(shape)} matches its param's "
+            f"{tuple(param_shape)} in no single way"), None
+  if param_dim not in kept:
+    return (f"not sharded: it does not keep dimension {param_dim} of its "
+            "param, the one ZeRO splits"), None
+  dim = kept.index(param_dim)
+  if spec[dim] is not None:
+    return f"not sharded: dimension {dim} is already sharded ({spec})", None
+  return f"dim {dim}", dim
