@@ -1,0 +1,142 @@
+"""Orthogonalising a matrix by Newton-Schulz iterations (Muon's core).
+
+Each iteration maps X to ``c0 X + (c1 A + c2 A A) X`` with ``A = X X^H``.
+Since that map commutes with transposition, a tall matrix is transposed
+first so that the Gram matrix ``A`` is taken over the *smaller* side: for an
+(m, n) matrix with m <= n, ``A`` is (m, m) and every product contracts over
+n or m. Written as plain matmuls of the (possibly sharded) matrix, XLA's
+sharding propagation partitions them: the contraction over a sharded side
+becomes a partial product plus one all-reduce of the (m, m) Gram matrix,
+and ``B X`` keeps X's layout (benchmarks/results/muon_communication.md
+measures the collectives).
+
+Parameters of rank > 2 are reshaped to a stack of matrices by
+``MuonDimensionNumbers`` (batch axes are those named neither reduction nor
+output) and orthogonalised matrix by matrix.
+"""
+
+from typing import NamedTuple
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+
+from shardopt.contrib._matrix_axes import as_matrix_stack
+
+__all__ = [
+    "MuonDimensionNumbers",
+    "PRECONDITIONINGS",
+    "orthogonalize_via_newton_schulz",
+]
+
+PRECONDITIONINGS = ("frobenius", "spectral", "aol", "schatten")
+
+
+class MuonDimensionNumbers(NamedTuple):
+  """Which axes of a weight form the matrix that Muon orthogonalises.
+
+  For ``y = x W`` the reduction (input) axis comes first and the output axis
+  second, so the default describes a plain 2-D matrix. Axes named in neither
+  are batch axes: each matrix along them is orthogonalised on its own.
+  """
+
+  reduction_axis: Sequence[int] | int = 0
+  output_axis: Sequence[int] | int = 1
+
+
+def _quintic_step(x, coeffs, gram):
+  """``c0 x + (c1 A + c2 A A) x`` for the Gram matrix ``A`` of ``x``."""
+  b = coeffs[1] * gram + coeffs[2] * gram @ gram
+  return coeffs[0] * x + b @ x
+
+
+def _gram(x):
+  return x @ x.T.conj()
+
+
+def _aol_first_step(x, coeffs, eps):
+  """Almost-orthogonal-layer rescaling of the rows, then one step."""
+  gram = _gram(x)
+  row_scale = jax.lax.rsqrt(jnp.clip(jnp.abs(gram).sum(axis=-1), min=eps))
+  row_scale = row_scale[:, None]
+  return _quintic_step(x * row_scale, coeffs,
+                       gram * row_scale * row_scale.transpose(-1, -2))
+
+
+def _schatten_first_step(x, coeffs, eps):
+  """Rescaling by the Schatten-4 norm (Frobenius norm of ``x x^T``)."""
+  gram = x @ x.T
+  scale = jax.lax.rsqrt(jnp.clip(
+      jnp.linalg.norm(gram, ord="fro", axis=(-2, -1)), min=eps))
+  scale = jnp.expand_dims(scale, (0, -1))
+  return _quintic_step(x * scale, coeffs, gram * scale**2)
+
+
+def _first_step(preconditioning: str):
+  if preconditioning == "aol":
+    return _aol_first_step
+  if preconditioning == "schatten":
+    return _schatten_first_step
+  return lambda x, coeffs, eps: _quintic_step(x, coeffs, _gram(x))
+
+
+def _orthogonalize_matrix(x, coeffs, ns_steps, preconditioning, eps):
+  """One (m, n) matrix, the Gram matrix over its smaller side."""
+  tall = x.shape[0] > x.shape[1]
+  x = x.T if tall else x
+  if preconditioning == "frobenius":
+    x = x / (jnp.linalg.norm(x, ord="fro") + eps)
+  elif preconditioning == "spectral":
+    x = x / (jnp.linalg.norm(x, ord=2) + eps)
+  coeffs = coeffs.astype(x.dtype)
+  per_step = ([coeffs] * int(ns_steps) if coeffs.ndim == 1
+              else [coeffs[i] for i in range(coeffs.shape[0])])
+  x = _first_step(preconditioning)(x, per_step[0], eps)
+  for step_coeffs in per_step[1:]:
+    x = _quintic_step(x, step_coeffs, _gram(x))
+  return x.T if tall else x
+
+
+def orthogonalize_via_newton_schulz(
+    x: jax.Array,
+    ns_coeffs: jax.Array,
+    ns_steps: int = 5,
+    preconditioning: str = "frobenius",
+    eps: jax.typing.ArrayLike = 1e-8,
+    dimension_numbers: MuonDimensionNumbers | None = None,
+) -> jax.Array:
+  """``x`` with each of its matrices orthogonalised by Newton-Schulz.
+
+  Args:
+    x: a matrix, or an array whose matrices ``dimension_numbers`` names.
+    ns_coeffs: quintic coefficients, shape (3,) (used ``ns_steps`` times) or
+      (k, 3) (one row per step, ``ns_steps`` ignored).
+    ns_steps: number of iterations for (3,) coefficients.
+    preconditioning: 'frobenius' or 'spectral' (divide by that norm first),
+      'aol' or 'schatten' (a rescaled first iteration).
+    eps: added to denominators.
+    dimension_numbers: the matrix axes of ``x`` (ignored for a 2-D ``x``).
+
+  Returns:
+    An array of ``x``'s shape whose singular values are close to 1.
+
+  References:
+    Jordan, "modded-nanogpt: Speedrunning the NanoGPT baseline", 2024
+    (https://github.com/KellerJordan/modded-nanogpt).
+  """
+  if preconditioning not in PRECONDITIONINGS:
+    raise ValueError(f"preconditioning={preconditioning!r}: use one of "
+                     f"{PRECONDITIONINGS}")
+  if ns_coeffs.ndim not in (1, 2) or ns_coeffs.shape[-1] != 3:
+    raise ValueError("Newton-Schulz coefficients must have shape (3,) or "
+                     f"(k, 3); got {ns_coeffs.shape}")
+  if x.ndim == 2:  # a matrix is always taken as (reduction, output)
+    dimension_numbers = MuonDimensionNumbers()
+  elif dimension_numbers is None:
+    raise ValueError(
+        f"a parameter of shape {x.shape} needs MuonDimensionNumbers naming"
+        " its matrix axes (only 2-D parameters default to (0, 1)).")
+  to_stack, from_stack = as_matrix_stack(x.shape, dimension_numbers)
+  orthogonalize = lambda m: _orthogonalize_matrix(
+      m, ns_coeffs, ns_steps, preconditioning, eps)
+  return from_stack(jax.vmap(orthogonalize)(to_stack(x)))
