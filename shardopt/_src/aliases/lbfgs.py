@@ -24,17 +24,35 @@ def lbfgs(
         zoom.scale_by_zoom_linesearch(
             max_linesearch_steps=20, initial_guess_strategy="one")),
 ) -> _Extra:
-  """L-BFGS with a zoom line search.
+  """L-BFGS: a limited-memory quasi-Newton direction, with a zoom line search.
 
-  Without ``learning_rate`` the direction is negated and left to the line
-  search; ``linesearch=None`` takes it as is. ``update`` needs ``value=``,
-  ``grad=`` and ``value_fn=`` for the search.
+  The direction is the two-loop recursion's product of an inverse-Hessian
+  estimate (from the last ``memory_size`` pairs of param and gradient
+  differences) with the gradient; it is scaled by ``-learning_rate`` (or
+  negated when ``learning_rate`` is None) and handed to ``linesearch``.
+  ``update`` needs ``value=``, ``grad=`` and ``value_fn=`` for the search.
 
-  References: Nocedal, "Updating Quasi-Newton Matrices with Limited Storage",
-  Math. Comp. 1980 (https://doi.org/10.1090/S0025-5718-1980-0572855-7); Liu &
-  Nocedal, "On the limited memory BFGS method for large scale optimization",
-  Math. Prog. 1989 (https://doi.org/10.1007/BF01589116); Nocedal & Wright,
-  Numerical Optimization, 1999, Algorithms 7.4, 7.5.
+  Args:
+    learning_rate: a scalar or schedule scaling the direction; ``None``
+      (default) only negates it and leaves the step length to the line
+      search.
+    memory_size: number of past difference pairs kept (default 10).
+    scale_init_precond: whether to scale the initial inverse Hessian by
+      ``<dw, du> / <du, du>`` (default True).
+    linesearch: a line-search transformation run after the direction;
+      default ``scale_by_zoom_linesearch(max_linesearch_steps=20,
+      initial_guess_strategy="one")``; ``None`` takes the step as is.
+
+  Returns:
+    A ``GradientTransformationExtraArgs``: ``scale_by_lbfgs``, the step
+    scaling, then the line search.
+
+  References:
+    Nocedal, "Updating Quasi-Newton Matrices with Limited Storage", Math.
+    Comp. 1980 (https://doi.org/10.1090/S0025-5718-1980-0572855-7); Liu &
+    Nocedal, "On the limited memory BFGS method for large scale
+    optimization", Math. Prog. 1989 (https://doi.org/10.1007/BF01589116);
+    Nocedal & Wright, "Numerical Optimization", 1999, Algorithms 7.4, 7.5.
   """
   if learning_rate is None:
     step = scaling.scale(-1.0)

@@ -27,12 +27,25 @@ def optimistic_gradient_descent(
     alpha: jax.typing.ArrayLike = 1.0,
     beta: jax.typing.ArrayLike = 1.0,
 ) -> _Extra:
-  """Optimistic gradient descent for min-max games.
+  """Optimistic gradient descent, for min-max games.
 
-  References: Mokhtari et al., "A Unified Analysis of Extra-gradient and
-  Optimistic Gradient Methods for Saddle Point Problems", AISTATS 2020
-  (https://arxiv.org/abs/1901.08511); Daskalakis et al., "Training GANs with
-  Optimism", ICLR 2018 (https://arxiv.org/abs/1711.00141).
+  The update is ``-learning_rate * ((alpha + beta) * g_t - beta * g_{t-1})``:
+  a gradient step corrected by the change of the gradient.
+
+  Args:
+    learning_rate: a scalar or a schedule of the step count.
+    alpha: weight of the current gradient (default 1.0).
+    beta: weight of the gradient's change ``g_t - g_{t-1}`` (default 1.0).
+
+  Returns:
+    A ``GradientTransformationExtraArgs``: ``scale_by_optimistic_gradient``
+    then ``scale_by_learning_rate``.
+
+  References:
+    Mokhtari et al., "A Unified Analysis of Extra-gradient and Optimistic
+    Gradient Methods for Saddle Point Problems", AISTATS 2020
+    (https://arxiv.org/abs/1901.08511); Daskalakis et al., "Training GANs
+    with Optimism", ICLR 2018 (https://arxiv.org/abs/1711.00141).
   """
   return combine.chain(
       optimistic.scale_by_optimistic_gradient(alpha=alpha, beta=beta),
@@ -62,14 +75,30 @@ def optimistic_adam_v2(
     mu_dtype: Any | None = None,
     nesterov: bool = True,
 ) -> base.GradientTransformationExtraArgs:
-  """Optimistic Adam: with ``r_t`` Adam's (Nesterov) direction, the update is
+  """Optimistic Adam, with a schedulable learning rate.
+
+  With ``r_t`` Adam's (Nesterov) direction, the update is
   ``-learning_rate * ((alpha + beta) * r_t - beta * r_{t-1})``.
 
-  ``learning_rate`` may be a schedule; ``alpha`` and ``beta`` are the
-  optimistic gradient's weights.
+  Args:
+    learning_rate: a scalar or a schedule of the step count.
+    alpha: weight of the current direction (default 1.0).
+    beta: weight of the direction's change (default 1.0).
+    b1: decay of Adam's first moment (default 0.9).
+    b2: decay of Adam's second moment (default 0.999).
+    eps: added to the root of the second moment (default 1e-8).
+    eps_root: added to the second moment inside the root (default 0.0).
+    mu_dtype: dtype of the first moment; ``None`` (default) uses the
+      params' dtype.
+    nesterov: whether Adam uses Nesterov momentum (default True).
 
-  Reference: Daskalakis et al., "Training GANs with Optimism", ICLR 2018
-  (https://arxiv.org/abs/1711.00141).
+  Returns:
+    A ``GradientTransformationExtraArgs``: ``scale_by_adam``,
+    ``scale_by_optimistic_gradient``, ``scale_by_learning_rate``.
+
+  References:
+    Daskalakis et al., "Training GANs with Optimism", ICLR 2018
+    (https://arxiv.org/abs/1711.00141).
   """
   return _adam_then_optimism(learning_rate, alpha, beta, b1, b2, eps,
                              eps_root, mu_dtype, nesterov)
@@ -86,15 +115,34 @@ def optimistic_adam(
     *,
     nesterov: bool = True,
 ) -> base.GradientTransformationExtraArgs:
-  """Optimistic Adam with optax's first interface: the update is
-  ``-(learning_rate * r_t + optimism * (r_t - r_{t-1}))`` with ``r_t`` Adam's
-  (Nesterov) direction; ``optimism`` defaults to ``learning_rate``.
+  """Optimistic Adam with optax's first interface (a numeric learning rate).
 
-  The learning rate must be a number here; ``optimistic_adam_v2`` takes a
-  schedule.
+  With ``r_t`` Adam's (Nesterov) direction, the update is
+  ``-(learning_rate * r_t + optimism * (r_t - r_{t-1}))``. For a schedule
+  use ``optimistic_adam_v2``.
 
-  Reference: Daskalakis et al., "Training GANs with Optimism", ICLR 2018
-  (https://arxiv.org/abs/1711.00141).
+  Args:
+    learning_rate: the step size, a number (a schedule raises ValueError).
+    optimism: weight of the direction's change; ``None`` (default) uses
+      ``learning_rate``.
+    b1: decay of Adam's first moment (default 0.9).
+    b2: decay of Adam's second moment (default 0.999).
+    eps: added to the root of the second moment (default 1e-8).
+    eps_root: added to the second moment inside the root (default 0.0).
+    mu_dtype: dtype of the first moment; ``None`` (default) uses the
+      params' dtype.
+    nesterov: whether Adam uses Nesterov momentum (default True).
+
+  Returns:
+    A ``GradientTransformationExtraArgs``: ``scale_by_adam``,
+    ``scale_by_optimistic_gradient``, ``scale_by_learning_rate``.
+
+  Raises:
+    ValueError: if ``learning_rate`` is a schedule.
+
+  References:
+    Daskalakis et al., "Training GANs with Optimism", ICLR 2018
+    (https://arxiv.org/abs/1711.00141).
   """
   if callable(learning_rate):
     raise ValueError(
