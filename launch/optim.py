@@ -17,8 +17,9 @@ HYPERPARAMETER_FLAGS = ("b1", "b2", "eps", "weight_decay", "momentum")
 
 
 def build_schedule(args: argparse.Namespace) -> shardopt.Schedule:
-  """The learning rate per step, from --schedule, --lr, --steps, --warmup-steps."""
-  peak, steps, end = args.lr, args.steps, args.lr * args.final_lr_ratio
+  """The learning rate per step, from --schedule, --lr, --schedule-steps (the
+  horizon, default --steps) and --warmup-steps."""
+  peak, steps, end = args.lr, args.schedule_steps, args.lr * args.final_lr_ratio
   if args.schedule == "constant":
     return shardopt.constant_schedule(peak)
   if args.schedule == "cosine":

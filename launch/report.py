@@ -1,6 +1,8 @@
 """What the job tells its user: progress lines, metrics (JSON lines), a loss-curve PNG."""
 
 import json
+import math
+import os
 import pathlib
 import sys
 import time
@@ -8,10 +10,20 @@ import time
 __all__ = ["Progress", "append_metrics", "plot_losses", "read_metrics", "truncate_metrics"]
 
 
+def _strict(value):
+  """Non-finite floats as None: the file stays strict JSON (no NaN, Infinity)."""
+  return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def _line(record: dict) -> str:
+  return json.dumps({k: _strict(v) for k, v in record.items()}, allow_nan=False) + "\n"
+
+
 def append_metrics(path: pathlib.Path, record: dict) -> None:
-  """Appends one JSON object as a line (a resumed run extends the same file)."""
+  """Appends one JSON object as a line (a resumed run extends the same file);
+  a non-finite number is written as null."""
   with open(path, "a") as f:
-    f.write(json.dumps(record) + "\n")
+    f.write(_line(record))
 
 
 def read_metrics(path: pathlib.Path) -> list[dict]:
@@ -25,10 +37,21 @@ def read_metrics(path: pathlib.Path) -> list[dict]:
 
 
 def truncate_metrics(path: pathlib.Path, last_step: int) -> None:
-  """Keeps the records of steps up to ``last_step`` (a run starting after it)."""
+  """Drops the records of steps after ``last_step`` (a run restored at it).
+
+  Call it only once the restore has succeeded. The file is replaced
+  atomically (written beside it, then renamed), so a crash leaves either the
+  old or the new file; without records past ``last_step`` it is left alone.
+  """
   path = pathlib.Path(path)
-  kept = read_metrics(path) if path.exists() else []
-  path.write_text("".join(json.dumps(r) + "\n" for r in kept if r["step"] <= last_step))
+  if not path.exists():
+    return
+  records = read_metrics(path)
+  if all(r["step"] <= last_step for r in records):
+    return
+  partial = path.with_name(path.name + ".partial")
+  partial.write_text("".join(_line(r) for r in records if r["step"] <= last_step))
+  os.replace(partial, path)
 
 
 def plot_losses(metrics_path: pathlib.Path, png_path: pathlib.Path) -> None:
@@ -39,7 +62,8 @@ def plot_losses(metrics_path: pathlib.Path, png_path: pathlib.Path) -> None:
 
   records = read_metrics(metrics_path)
   fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
-  ax.plot([r["step"] for r in records], [r["loss"] for r in records])
+  losses = [math.nan if r["loss"] is None else r["loss"] for r in records]
+  ax.plot([r["step"] for r in records], losses)
   ax.set_xlabel("step")
   ax.set_ylabel("loss (nats / byte)")
   ax.set_title("training loss")

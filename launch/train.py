@@ -4,18 +4,59 @@ Trains a byte-level transformer LM (launch/model.py) on a shipped text corpus
 with sharded params and sharded optimizer state on a device mesh, printing the
 mesh, the partition-rule table and the per-device memory plan first, then a
 progress line, and writing OUT/metrics.jsonl, OUT/loss.png and checkpoints.
+
+Exit codes: 0 done, or stopped by SIGTERM/SIGINT with a checkpoint saved;
+2 a bad argument or a run folder that does not fit them (one ``error: ...``
+line on stderr, nothing created or changed); 3 a non-finite loss or state
+(no checkpoint of it written); 1 any other error (one line; ``--debug``
+shows the traceback).
 """
 
 import sys
+import traceback
 
 from launch import cli
 
+EXIT_USAGE, EXIT_NONFINITE, EXIT_ERROR = 2, 3, 1
+
+
+def _error(error: Exception, debug: bool, named: bool) -> None:
+  if debug:
+    traceback.print_exception(error, file=sys.stderr)
+  lines = str(error).strip().splitlines() or [""]
+  what = f"{type(error).__name__}: " if named else ""
+  hint = "" if debug else " (--debug shows the traceback)" if named else ""
+  print(f"error: {what}{lines[0]}{hint}", file=sys.stderr, flush=True)
+
+
+def _run(args) -> int:
+  cli.set_cpu_devices(args.cpu_devices)
+  several = args.coordinator or args.auto_distributed or (args.num_processes or 1) > 1
+  restore_stdout = None
+  if several:  # gloo's collectives print connection lines to stdout
+    from launch import quiet_stdout  # pylint: disable=import-outside-toplevel
+    restore_stdout = quiet_stdout.drop_lines()
+  try:
+    from launch import job  # Imports jax, so only after XLA_FLAGS is set.
+    return job.run(args)
+  finally:
+    if restore_stdout is not None:
+      restore_stdout()
+
 
 def main(argv=None) -> int:
-  args = cli.parse_args(argv)
-  cli.set_cpu_devices(args.cpu_devices)
-  from launch import job  # Imports jax, so only after XLA_FLAGS is set.
-  return job.run(args)
+  debug = "--debug" in (sys.argv[1:] if argv is None else argv)
+  try:
+    return _run(cli.parse_args(argv))
+  except cli.UsageError as e:
+    _error(e, debug, named=False)
+    return EXIT_USAGE
+  except cli.NonFiniteError as e:
+    _error(e, debug, named=False)
+    return EXIT_NONFINITE
+  except Exception as e:  # noqa: BLE001  (any other error: one line, exit 1)
+    _error(e, debug, named=True)
+    return EXIT_ERROR
 
 
 if __name__ == "__main__":

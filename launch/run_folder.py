@@ -1,0 +1,176 @@
+"""Where a run lives: its folder, what an existing folder holds, which one to resume.
+
+Nothing here imports jax or orbax, so the local launcher can use it. A step
+of a checkpoint folder is finalized when its directory has an integer name
+(Orbax writes into ``<step>.orbax-checkpoint-tmp-*`` and renames it when the
+save is complete).
+"""
+
+import argparse
+import os
+import pathlib
+import time
+
+from etils import epath
+
+from launch.cli import UsageError
+
+__all__ = ["RUNS", "claim_new", "describe", "finalized_steps", "metrics_records",
+           "new_name", "newest_resumable", "prepare", "unfinished_saves"]
+
+RUNS = pathlib.Path("runs")
+
+
+def new_name(tag: str = "", now: float | None = None) -> pathlib.Path:
+  """``runs/lm-<YYYYmmdd-HHMMSS>[-tag]`` for the time ``now`` (default: now)."""
+  stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+  return RUNS / (f"lm-{stamp}-{tag}" if tag else f"lm-{stamp}")
+
+
+def claim_new(base: pathlib.Path) -> pathlib.Path:
+  """Creates ``base`` (or ``base-2``, ``base-3``, ... when taken) and returns it.
+
+  ``mkdir`` without ``exist_ok`` is atomic: of two runs started in the same
+  second, each gets a folder of its own.
+  """
+  for n in range(1, 1000):
+    path = base if n == 1 else base.with_name(f"{base.name}-{n}")
+    try:
+      path.parent.mkdir(parents=True, exist_ok=True)
+      path.mkdir()
+      return path
+    except FileExistsError:
+      continue
+    except OSError as e:
+      raise UsageError(f"cannot create the run folder {path} ({e.strerror}); pass --out") from None
+  raise UsageError(f"{base}: 999 run folders of that name exist already; pass --out")
+
+
+def finalized_steps(checkpoint_dir) -> list[int]:
+  """Steps of the finalized checkpoints in ``checkpoint_dir``, ascending."""
+  path = epath.Path(checkpoint_dir)  # also gs:// and other URLs
+  if not path.is_dir():
+    return []
+  return sorted(int(p.name) for p in path.iterdir() if p.name.isdigit() and p.is_dir())
+
+
+def unfinished_saves(checkpoint_dir) -> list[str]:
+  """Names of the temporary folders of saves that never finished."""
+  path = epath.Path(checkpoint_dir)
+  if not path.is_dir():
+    return []
+  return sorted(p.name for p in path.iterdir() if "tmp" in p.name)
+
+
+def metrics_records(folder) -> int:
+  """How many lines ``folder/metrics.jsonl`` has (0 if none)."""
+  path = pathlib.Path(folder) / "metrics.jsonl"
+  return len(path.read_text().splitlines()) if path.is_file() else 0
+
+
+def describe(folder, checkpoint_dir=None) -> str:
+  """What a run folder holds, in a few words (for error messages)."""
+  folder = pathlib.Path(folder)
+  checkpoint_dir = folder / "checkpoints" if checkpoint_dir is None else checkpoint_dir
+  if not folder.exists() and not pathlib.Path(checkpoint_dir).exists():
+    return f"{folder} (does not exist)"
+  steps, unfinished = finalized_steps(checkpoint_dir), unfinished_saves(checkpoint_dir)
+  parts = [f"checkpoint steps {steps}" if steps else "no checkpoints"]
+  if unfinished:
+    parts.append(f"unfinished saves {', '.join(unfinished)}")
+  parts.append(f"metrics.jsonl with {metrics_records(folder)} records")
+  return f"{folder} ({'; '.join(parts)})"
+
+
+def newest_resumable(root: pathlib.Path = RUNS) -> pathlib.Path:
+  """The newest ``root/lm-*`` folder holding a finalized checkpoint.
+
+  Raises UsageError listing every run folder found when none has one.
+  """
+  folders = sorted(p for p in root.glob("lm-*") if p.is_dir())  # names start with the time
+  for folder in reversed(folders):
+    if finalized_steps(folder / "checkpoints"):
+      return folder
+  found = "; ".join(describe(f) for f in folders) if folders else f"no {root}/lm-* folders"
+  raise UsageError(f"--resume: nothing to resume in {os.path.abspath(root)}: found {found}."
+                   " Start without --resume, name the run with --out, or use --resume auto"
+                   " to start fresh when there is nothing to resume")
+
+
+def _check_writable(flag: str, path: str) -> None:
+  if "://" not in path and os.path.exists(path) and not os.access(path, os.W_OK | os.X_OK):
+    raise UsageError(f"{flag} {path}: not writable (the job writes metrics and checkpoints"
+                     " there); make it writable or name another folder")
+
+
+def _set_aside(metrics: pathlib.Path) -> pathlib.Path:
+  """Renames an earlier metrics.jsonl to metrics.before-<n>.jsonl (nothing is deleted)."""
+  for n in range(1, 1000):
+    kept = metrics.with_name(f"metrics.before-{n}.jsonl")
+    if not kept.exists():
+      metrics.rename(kept)
+      return kept
+  raise UsageError(f"{metrics.parent}: 999 earlier metrics files; pass another --out")
+
+
+def _fresh_into_existing(args: argparse.Namespace, is_main: bool) -> str:
+  """``--resume auto`` with no checkpoint in an existing --out: start fresh, say so."""
+  note = f"--resume auto: no checkpoint in {args.checkpoint_dir}: starting fresh"
+  metrics = pathlib.Path(args.out) / "metrics.jsonl"
+  if metrics.exists():
+    note += f" (earlier metrics kept as {metrics.parent / 'metrics.before-N.jsonl'})"
+    if is_main:
+      kept = _set_aside(metrics)
+      note = note.replace("metrics.before-N.jsonl", kept.name)
+  return note
+
+
+def _resolve_default_out(args: argparse.Namespace) -> tuple[bool, str | None]:
+  """Sets ``args.out`` when not given: the newest resumable run, or a new folder."""
+  if args.resume:
+    try:
+      args.out = str(newest_resumable())
+      return True, None
+    except UsageError:
+      if args.resume == "required":
+        raise
+    args.out = str(claim_new(new_name()))
+    return False, f"--resume auto: nothing to resume in {RUNS}/: starting fresh in {args.out}"
+  args.out = str(claim_new(new_name()))
+  return False, None
+
+
+def prepare(args: argparse.Namespace, is_main: bool = True) -> tuple[bool, str | None]:
+  """Settles the run folder for the checked arguments; returns (resume?, note).
+
+  Sets ``args.out`` and ``args.checkpoint_dir`` and creates the run folder;
+  call it only once every argument and the mesh are known to be good. Raises
+  UsageError (nothing created or changed) when the folder does not fit the
+  arguments: ``--resume`` with no checkpoint, a fresh start into a folder that
+  holds a run, a folder that is not writable.
+  """
+  if args.out is None:
+    resume, note = _resolve_default_out(args)
+    if args.checkpoint_dir is None:
+      args.checkpoint_dir = os.path.join(args.out, "checkpoints")
+    return resume, note
+  if args.checkpoint_dir is None:
+    args.checkpoint_dir = os.path.join(args.out, "checkpoints")
+  steps, note = finalized_steps(args.checkpoint_dir), None
+  if args.resume == "required" and not steps:
+    raise UsageError(f"--resume: nothing to resume: {describe(args.out, args.checkpoint_dir)}."
+                     " Start without --resume, or use --resume auto to start fresh when"
+                     " there is no checkpoint")
+  if not args.resume and (steps or metrics_records(args.out)):
+    raise UsageError(f"--out {args.out} already holds a run ({describe(args.out, args.checkpoint_dir)}):"
+                     " pass --resume to continue it, or choose another --out or"
+                     " --checkpoint-dir to start afresh")
+  _check_writable("--out", args.out)
+  _check_writable("--checkpoint-dir", args.checkpoint_dir)
+  if args.resume == "auto" and not steps:
+    note = _fresh_into_existing(args, is_main)
+  try:
+    pathlib.Path(args.out).mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise UsageError(f"--out {args.out}: cannot create it ({e.strerror})") from None
+  return bool(steps), note
