@@ -1,9 +1,14 @@
 """Blocked views of params for Shampoo and SOAP, aligned with the param's shards.
 
 A param of shape ``(d_1, ..., d_k)`` is cut, along each dimension ``i``, into
-``n_i = d_i / b_i`` blocks of ``b_i`` elements, where ``b_i`` is the largest
-divisor of ``d_i`` not above ``block_size`` (a pure function of the shape, so
-every trace of ``init`` builds the same state). The blocked view has shape
+``n_i = d_i / b_i`` blocks of ``b_i`` elements. ``n_i`` is a multiple of
+``g_i = gcd(d_i, max_shards)`` (``max_shards``: the devices a dimension may
+be split over, by default all of them), and ``b_i`` is the largest divisor of
+``d_i / g_i`` not above ``block_size``. Every even split of the dimension
+over ``s`` devices has ``s`` dividing ``g_i``, so each shard holds
+``n_i / s`` whole blocks, whatever the mesh; and ``b_i`` depends on the
+shape alone, so every trace of ``init`` (sharded or not) builds the same
+state. The blocked view has shape
 ``(n_1, ..., n_k, b_1, ..., b_k)``: block indices first, then the position
 inside the block. A per-dimension statistic of the blocks has shape
 ``(n_1, ..., n_k, b_i, b_i)``; its leading block dimensions carry the param's
@@ -11,10 +16,9 @@ mesh axes, so the statistics of a block live on the device that holds that
 block of the param, and ``shardopt.sharding`` derives their shardings like
 any other state leaf.
 
-Blocks tile a dimension split over mesh axes of total size ``s`` exactly when
-``n_i`` is divisible by ``s`` (each shard holds ``n_i / s`` whole blocks).
-``init`` checks this when it is traced on sharded params (as
-``plan_state_shardings`` does) and raises, naming the param, when not.
+``init`` checks the tiling when it is traced on sharded params (as
+``plan_state_shardings`` does) and raises, naming the param, when a split
+is uneven or ``max_shards`` was set below it.
 """
 
 import math
@@ -65,18 +69,26 @@ def is_blocked(shape) -> bool:
   return 2 <= len(shape) <= len(_OUTER)
 
 
-def block_sizes(shape, block_size: int) -> tuple[int, ...]:
-  """Per dimension, the largest divisor of its length not above ``block_size``."""
-  return tuple(max(b for b in range(1, min(d, block_size) + 1) if d % b == 0)
+def _largest_divisor(n: int, at_most: int) -> int:
+  return max(b for b in range(1, min(n, at_most) + 1) if n % b == 0)
+
+
+def block_sizes(shape, block_size: int,
+                max_shards: int | None = None) -> tuple[int, ...]:
+  """Per dimension ``d``, the largest divisor of ``d / gcd(d, max_shards)``
+  not above ``block_size`` (``max_shards`` None: ``jax.device_count()``)."""
+  shards = jax.device_count() if max_shards is None else max_shards
+  return tuple(_largest_divisor(d // math.gcd(d, shards), block_size)
                for d in shape)
 
 
-def block_layout(params, block_size: int) -> Any:
+def block_layout(params, block_size: int, max_shards: int | None = None) -> Any:
   """The ``BlockLayout`` of every param (``str()`` of one reads as a sentence).
 
   Args:
     params: a tree of arrays or ``jax.ShapeDtypeStruct``.
     block_size: the ``block_size`` given to ``shampoo``/``soap``.
+    max_shards: their ``max_shards``.
 
   Returns:
     A tree of ``BlockLayout`` with the structure of ``params``.
@@ -85,7 +97,7 @@ def block_layout(params, block_size: int) -> Any:
     shape = tuple(p.shape)
     if not is_blocked(shape):
       return BlockLayout(shape, (), ())
-    block = block_sizes(shape, block_size)
+    block = block_sizes(shape, block_size, max_shards)
     return BlockLayout(shape, block, tuple(d // b for d, b in zip(shape, block)))
   return jax.tree.map(layout, params)
 
@@ -163,15 +175,13 @@ def check_aligned(path: str, x, block: tuple[int, ...]) -> None:
   for dim, (entry, d, b) in enumerate(zip(spec, x.shape, block)):
     names = entry if isinstance(entry, tuple) else (entry,)
     split = math.prod(mesh.shape[n] for n in names if n is not None)
-    if (d // b) % split:
-      shard = d // split
-      fits = max(c for c in range(1, shard + 1) if shard % c == 0 and d % c == 0
-                 and c <= b)
+    if d % split or (d // b) % split:
       raise ValueError(
           f"params{path}: dimension {dim} (length {d}) is split over mesh "
-          f"axes {entry} into shards of {shard}, which blocks of {b} do not "
-          f"tile, so a block's statistics would span devices. Pass a "
-          f"block_size that divides {shard} (e.g. block_size={fits}).")
+          f"axes {entry} ({split} devices), which blocks of {b} do not tile, "
+          "so a block's statistics would span devices. Split it evenly, and "
+          f"leave max_shards at its default (all devices) or pass a multiple "
+          f"of {split}.")
 
 
 def refresh_due(count, start: int, every: int) -> jax.Array:

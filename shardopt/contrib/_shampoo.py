@@ -77,6 +77,7 @@ def _graft(blocks, graft_blocks):
 
 def scale_by_shampoo(
     block_size: int = 128,
+    max_shards: int | None = None,
     b1: float = 0.9,
     b2: float = 0.999,
     eps: float = 1e-6,
@@ -89,9 +90,12 @@ def scale_by_shampoo(
   """Rescales updates by blocked Shampoo preconditioners, with grafting.
 
   Args:
-    block_size: the longest block along any dimension; each dimension uses
-      its largest divisor not above it. Blocks must tile the param's shards
-      (``init`` raises, naming the param, when they do not).
+    block_size: the longest block along any dimension. Blocks must tile
+      the param's shards (``init`` raises, naming the param, when not).
+    max_shards: the most devices any dimension is split over (None: all
+      devices). Each dimension ``d`` is cut into a multiple of
+      ``gcd(d, max_shards)`` blocks, so blocks tile every even split of it
+      (see ``block_layout``).
     b1: decay of the momentum of the direction (0 for none).
     b2: decay of the statistics and of the rmsprop grafting accumulator;
       1.0 sums the statistics (Gupta et al.).
@@ -125,7 +129,7 @@ def scale_by_shampoo(
     graft, mu = (zeros if keeps_graft else ()), (zeros if b1 else ())
     if not blocking.is_blocked(p.shape):
       return (), (), graft, mu
-    block = blocking.block_sizes(p.shape, block_size)
+    block = blocking.block_sizes(p.shape, block_size, max_shards)
     blocking.check_aligned(jax.tree_util.keystr(path), p, block)
     blocks = blocking.to_blocks(p, block)
     stats = tuple(jnp.zeros_like(blocking.gram(blocks, i))
@@ -140,7 +144,7 @@ def scale_by_shampoo(
   def update_param(g, stats, preconditioners, acc, mu, count):
     direction, acc = _graft_direction(grafting, g, acc, b2, graft_eps, count)
     if blocking.is_blocked(g.shape):
-      block = blocking.block_sizes(g.shape, block_size)
+      block = tuple(s.shape[-1] for s in stats)
       blocks = blocking.to_blocks(g, block)
       stats = tuple(w1 * s + w2 * blocking.gram(blocks, i)
                     for i, s in enumerate(stats))
@@ -176,6 +180,7 @@ def scale_by_shampoo(
 def shampoo(
     learning_rate: base.ScalarOrSchedule,
     block_size: int = 128,
+    max_shards: int | None = None,
     b1: float = 0.9,
     b2: float = 0.999,
     eps: float = 1e-6,
@@ -195,6 +200,7 @@ def shampoo(
     learning_rate: a scalar or a schedule of the step count.
     block_size: the longest block along any dimension (see
       ``scale_by_shampoo``).
+    max_shards: the most devices any dimension is split over (None: all).
     b1: decay of the momentum of the direction (0 for none).
     b2: decay of the statistics and of the rmsprop grafting accumulator.
     eps: added to the statistics' diagonal before the inverse root.
@@ -216,7 +222,7 @@ def shampoo(
     (https://arxiv.org/abs/2002.09018).
   """
   return combine.chain(
-      scale_by_shampoo(block_size, b1, b2, eps, grafting, graft_eps,
+      scale_by_shampoo(block_size, max_shards, b1, b2, eps, grafting, graft_eps,
                        precondition_frequency, start_preconditioning_step,
                        inverse_root_method),
       weight_decay_lib.add_decayed_weights(weight_decay),

@@ -53,6 +53,7 @@ def _rotate(blocks, bases, back: bool = False):
 
 def scale_by_soap(
     block_size: int = 128,
+    max_shards: int | None = None,
     b1: float = 0.95,
     b2: float = 0.95,
     eps: float = 1e-8,
@@ -63,9 +64,12 @@ def scale_by_soap(
   """Rescales updates by Adam run in the eigenbasis of Shampoo's statistics.
 
   Args:
-    block_size: the longest block along any dimension; each dimension uses
-      its largest divisor not above it. Blocks must tile the param's shards
-      (``init`` raises, naming the param, when they do not).
+    block_size: the longest block along any dimension. Blocks must tile
+      the param's shards (``init`` raises, naming the param, when not).
+    max_shards: the most devices any dimension is split over (None: all
+      devices). Each dimension ``d`` is cut into a multiple of
+      ``gcd(d, max_shards)`` blocks, so blocks tile every even split of it
+      (see ``block_layout``).
     b1: decay of the first moment.
     b2: decay of the second moment.
     eps: added to the square root of the bias-corrected second moment.
@@ -92,7 +96,7 @@ def scale_by_soap(
     zeros = jnp.zeros_like(p)
     if not blocking.is_blocked(p.shape):
       return zeros, zeros, (), ()
-    block = blocking.block_sizes(p.shape, block_size)
+    block = blocking.block_sizes(p.shape, block_size, max_shards)
     blocking.check_aligned(jax.tree_util.keystr(path), p, block)
     blocks = blocking.to_blocks(p, block)
     stats = tuple(jnp.zeros_like(blocking.gram(blocks, i))
@@ -111,7 +115,7 @@ def scale_by_soap(
     if not blocking.is_blocked(g.shape):
       nu = b2 * nu + (1.0 - b2) * numerics.abs_sq(g)
       return corrected_mu / (jnp.sqrt(nu / bias_nu) + eps), mu, nu, stats, bases
-    block = blocking.block_sizes(g.shape, block_size)
+    block = tuple(s.shape[-1] for s in stats)
     blocks = blocking.to_blocks(g, block)
     rotated = _rotate(blocks, bases)
     nu = b2 * nu + (1.0 - b2) * blocking.from_blocks(rotated * rotated, g)
@@ -141,6 +145,7 @@ def scale_by_soap(
 def soap(
     learning_rate: base.ScalarOrSchedule,
     block_size: int = 128,
+    max_shards: int | None = None,
     b1: float = 0.95,
     b2: float = 0.95,
     eps: float = 1e-8,
@@ -158,6 +163,7 @@ def soap(
     learning_rate: a scalar or a schedule of the step count.
     block_size: the longest block along any dimension (see
       ``scale_by_soap``).
+    max_shards: the most devices any dimension is split over (None: all).
     b1: decay of the first moment.
     b2: decay of the second moment.
     eps: added to the square root of the bias-corrected second moment.
@@ -175,7 +181,7 @@ def soap(
     (https://arxiv.org/abs/2409.11321).
   """
   return combine.chain(
-      scale_by_soap(block_size, b1, b2, eps, shampoo_beta,
+      scale_by_soap(block_size, max_shards, b1, b2, eps, shampoo_beta,
                     precondition_frequency, start_preconditioning_step),
       weight_decay_lib.add_decayed_weights(weight_decay),
       scaling.scale_by_learning_rate(learning_rate))
