@@ -2,39 +2,61 @@
 
 A step directory holds three orbax items: ``state`` (the leaf-path dict of
 arrays, each process writing only its own shards), ``layout`` (JSON: each
-leaf's shape, dtype and key implementation) and ``metadata`` (the caller's
-JSON). Orbax writes into a temporary directory and renames it on completion,
-so a save killed at any point never shows up as a step; old steps are deleted
-only after a newer save has been finalized.
+leaf's shape, dtype and key implementation, its checksum, and a digest; see
+checkpoints.record) and ``metadata`` (the caller's JSON). Orbax writes into a
+temporary directory and renames it on completion, so a save killed at any
+point never shows up as a step; old steps are deleted only after a newer save
+has been finalized. Every restore checks the bytes it read against the
+checksums written at save time.
 """
 
 import json
 import logging
-import os
-from typing import Any, NamedTuple
+from typing import Any
+from typing import NamedTuple
 
 import jax
 import orbax.checkpoint as ocp
-from etils import epath
 
+from checkpoints import failures
+from checkpoints import integrity
 from checkpoints import layout
+from checkpoints import quiet
+from checkpoints import record
 from checkpoints.barrier import barrier
-from checkpoints.errors import CheckpointError, CorruptCheckpointError, NoCheckpointError
+from checkpoints.directory import checked_directory
+from checkpoints.errors import CheckpointError
+from checkpoints.errors import CorruptCheckpointError
+from checkpoints.errors import NoCheckpointError
 from checkpoints.policy import CheckpointPolicy
-from checkpoints.reinit import OPTIMIZER_CHANGED, fresh_opt_state, is_optimizer_leaf, split_optimizer
+from checkpoints.reinit import OPTIMIZER_CHANGED
+from checkpoints.reinit import fresh_opt_state
+from checkpoints.reinit import is_optimizer_leaf
+from checkpoints.reinit import split_optimizer
 
-__all__ = ["CheckpointManager", "Restored"]
+__all__ = ["CheckpointManager", "Restored", "SkippedStep"]
 
-_FORMAT = "shardopt.checkpoint/1"
 _log = logging.getLogger(__name__)
 
 
+class SkippedStep(NamedTuple):
+  """A step ``restore_latest_valid`` passed over, and why (the CorruptCheckpointError's message)."""
+
+  step: int
+  reason: str
+
+
 class Restored(NamedTuple):
-  """What a restore returns: the state (target's types), its step, the user metadata."""
+  """What a restore returns: the state (target's types), its step, the user metadata.
+
+  ``skipped`` lists the newer steps ``restore_latest_valid`` passed over
+  because they were damaged, newest first (always empty from ``restore``).
+  """
 
   state: Any
   step: int
   metadata: dict
+  skipped: tuple[SkippedStep, ...] = ()
 
 
 def _json(value: Any, what: str) -> Any:
@@ -44,31 +66,30 @@ def _json(value: Any, what: str) -> Any:
     raise TypeError(f"{what} must be JSON-serializable (dicts, lists, str, numbers): {e}") from e
 
 
-def _absolute(directory) -> epath.Path:
-  """``directory`` as an absolute path (Orbax rejects relative local paths);
-  URLs such as ``gs://bucket/run`` are kept as given."""
-  text = os.fspath(directory)
-  return epath.Path(text if "://" in text else os.path.abspath(text))
-
-
 class CheckpointManager:
   """Saves and restores training states under ``directory`` (one subdirectory per step).
 
   Every process must make the same calls (save, restore, wait, close) in the
   same order. Use as a context manager, or call ``close()``, so the last
   asynchronous save is finalized before the program exits.
+
+  Raises:
+    CheckpointDirectoryError: at construction, when ``directory`` is a file or
+      cannot be created or written (``read_only=True`` only restores, and
+      needs the directory to exist).
   """
 
-  def __init__(self, directory, policy: CheckpointPolicy | None = None):
+  def __init__(self, directory, policy: CheckpointPolicy | None = None, *, read_only: bool = False):
     self.policy = policy or CheckpointPolicy()
-    self.directory = _absolute(directory)
-    if jax.process_count() > 1:  # orbax refuses create=True with explicit active processes
-      self.directory.mkdir(parents=True, exist_ok=True)
+    self.read_only = read_only
+    self.directory = checked_directory(directory, read_only=read_only)
+    quiet.install()
+    if jax.process_count() > 1:  # every process has created it before orbax looks
       barrier("create_directory", self.policy.timeout_s)
     self._mngr = ocp.CheckpointManager(
         self.directory,
         item_names=("state", "layout", "metadata"),
-        options=self.policy.manager_options(),
+        options=self.policy.manager_options(read_only=read_only),
     )
 
   # Listing and lifecycle -------------------------------------------------
@@ -109,16 +130,20 @@ class CheckpointManager:
     the devices, and the write goes on in the background. ``metadata`` is any
     JSON (data position, config); ``metrics`` ranks checkpoints for keep_best.
     Skipped (False) when ``step`` is not on the save interval, unless ``force``.
+    Each array's checksum is computed from its shards before the write starts.
     """
+    if self.read_only:
+      raise CheckpointError(f"CheckpointManager({self.directory}, read_only=True) cannot save.")
     if not force and not self._mngr.should_save(step):
       return False
     metadata = _json(metadata or {}, "metadata")
     if metrics is not None:
       metrics = {k: float(v) for k, v in metrics.items()}
     barrier(f"save_{step}", self.policy.timeout_s)
+    saveable = layout.to_saveable(state)
     args = ocp.args.Composite(
-        state=ocp.args.PyTreeSave(layout.to_saveable(state)),
-        layout=ocp.args.JsonSave({"format": _FORMAT, "leaves": layout.describe(layout.named_leaves(state))}),
+        state=ocp.args.PyTreeSave(saveable),
+        layout=ocp.args.JsonSave(record.make(state, saveable, metadata)),
         metadata=ocp.args.JsonSave(metadata),
     )
     return self._mngr.save(step, args=args, metrics=metrics, force=force)
@@ -136,37 +161,60 @@ class CheckpointManager:
       raise NoCheckpointError(f"No finalized checkpoint for step {step} in {self.directory}; steps there: {steps}.")
     return step
 
-  def _read_json(self, step: int, item: str) -> Any:
+  def _failed(self, step: int, e: Exception, what: str) -> Exception:
+    """The error to raise for a failed read: CorruptCheckpointError only for damaged storage."""
+    if not failures.is_corruption(e):
+      return e
+    leaf = failures.leaf_of(e)
+    return CorruptCheckpointError(
+        f"Checkpoint step {step} in {self.directory} is damaged: {what}"
+        + (f" (leaf {leaf!r})" if leaf else "") + f" could not be read ({failures.summary(e)}). "
+        "restore_latest_valid() falls back to the newest intact step.", step=step, leaves=(leaf,) if leaf else ())
+
+  def _record(self, step: int) -> tuple[record.Record, dict]:
+    """The step's parsed record and user metadata (one orbax read of both JSON items)."""
     try:
-      return self._mngr.restore(step, args=ocp.args.Composite(**{item: ocp.args.JsonRestore()}))[item]
-    except Exception as e:  # missing or damaged JSON file
+      items = self._mngr.restore(step, args=ocp.args.Composite(
+          layout=ocp.args.JsonRestore(), metadata=ocp.args.JsonRestore()))
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._failed(step, e, "its layout or metadata file") from e
+    try:
+      return record.parse(items["layout"], items["metadata"]), items["metadata"]
+    except (ValueError, KeyError, TypeError) as e:
       raise CorruptCheckpointError(
-          f"Checkpoint step {step} in {self.directory}: its {item!r} item is unreadable "
-          f"({type(e).__name__}: {e}). Use restore_latest_valid() to fall back to an older step.") from e
+          f"Checkpoint step {step} in {self.directory} is damaged: {e}. "
+          "restore_latest_valid() falls back to the newest intact step.", step=step) from e
 
   def saved_layout(self, step: int | None = None) -> dict[str, dict]:
     """``{leaf name: {shape, dtype, key_impl}}`` of a saved step (default: latest)."""
-    step = self._step(step)
-    saved = self._read_json(step, "layout")
-    if not isinstance(saved, dict) or saved.get("format") != _FORMAT:
-      raise CorruptCheckpointError(f"Checkpoint step {step} in {self.directory} has no {_FORMAT} layout.")
-    return saved["leaves"]
+    return self._record(self._step(step))[0].leaves
 
   def metadata(self, step: int | None = None) -> dict:
     """The user metadata saved with a step (default: latest)."""
-    return self._read_json(self._step(step), "metadata")
+    return self._record(self._step(step))[1]
 
-  def _read(self, step: int, pairs: list, partial: bool) -> dict:
+  def _read(self, step: int, pairs: list, saved: record.Record, partial: bool) -> dict:
+    """The arrays of ``pairs`` read from ``step``, each checked against its saved checksum."""
     item, restore_args = layout.read_args(pairs)
     args = ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=partial)
     try:
-      return self._mngr.restore(step, args=ocp.args.Composite(state=args))["state"]
+      values = self._mngr.restore(step, args=ocp.args.Composite(state=args))["state"]
     except CheckpointError:
       raise
-    except Exception as e:
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._failed(step, e, "an array file") from e
+    if saved.checksums is None:
+      _log.warning("Checkpoint step %d in %s was written without checksums: its bytes are not verified.",
+                   step, self.directory)
+      return values
+    damaged = integrity.mismatches(saved.checksums, integrity.checksums(values))
+    if damaged:
+      shown = ", ".join(repr(n) for n in damaged[:5]) + (f" and {len(damaged) - 5} more" if len(damaged) > 5 else "")
       raise CorruptCheckpointError(
-          f"Checkpoint step {step} in {self.directory} could not be read ({type(e).__name__}: {e}). "
-          "restore_latest_valid() falls back to the newest readable step.") from e
+          f"Checkpoint step {step} in {self.directory} is damaged: leaf {shown} read back different from what "
+          "was written (checksum mismatch). restore_latest_valid() falls back to the newest intact step.",
+          step=step, leaves=tuple(damaged))
+    return values
 
   def restore(self, target: Any, step: int | None = None, *, optimizer_changed: str = "error",
               opt_state_key: str = "opt_state") -> Restored:
@@ -179,54 +227,70 @@ class CheckpointManager:
     ``optimizer_changed="reinit"`` the leaves under ``opt_state_key`` are not
     read: the optimizer state is created fresh (``target.tx.init`` for a
     TrainState, else the target's own concrete values).
+
+    Raises:
+      CorruptCheckpointError: the step's files are damaged or missing, or a
+        leaf read back different from what was written (names step and leaf).
+      StructureMismatchError, PermissionError, and any other read error
+        (e.g. transient I/O) as themselves.
     """
     if optimizer_changed not in OPTIMIZER_CHANGED:
       raise ValueError(f"optimizer_changed must be one of {OPTIMIZER_CHANGED}, got {optimizer_changed!r}.")
     step = self._step(step)
-    saved = self.saved_layout(step)
+    saved, metadata = self._record(step)
     pairs = layout.named_leaves(target)
     what = f"Restoring step {step} from {self.directory}"
     if optimizer_changed == "reinit":
       _, pairs = split_optimizer(target, pairs, opt_state_key)
-      saved_rest = {n: s for n, s in saved.items() if not is_optimizer_leaf(n, opt_state_key)}
+      saved_rest = {n: s for n, s in saved.leaves.items() if not is_optimizer_leaf(n, opt_state_key)}
       layout.check_same(saved_rest, layout.describe(pairs), what)
     else:
-      hint = lambda paths: _reinit_hint(paths, opt_state_key)  # noqa: E731
-      layout.check_same(saved, layout.describe(pairs), what, hint)
-    values = self._read(step, pairs, partial=len(pairs) < len(saved))
-    state = layout.rebuild(target, layout.named_leaves(target), values, saved)
+      hint = lambda paths: _reinit_hint(paths, opt_state_key)
+      layout.check_same(saved.leaves, layout.describe(pairs), what, hint)
+    values = self._read(step, pairs, saved, partial=len(pairs) < len(saved.leaves))
+    state = layout.rebuild(target, layout.named_leaves(target), values, saved.leaves)
     if optimizer_changed == "reinit":
       state = fresh_opt_state(state, target, opt_state_key)
-    return Restored(state, step, self.metadata(step))
+    return Restored(state, step, metadata)
 
   def restore_subtree(self, target: Any, prefix: str, step: int | None = None) -> Restored:
     """Restores only the saved leaves under ``prefix`` (e.g. ``"params"``) into ``target``."""
     step = self._step(step)
-    saved = self.saved_layout(step)
+    saved, metadata = self._record(step)
     pairs = [(f"{prefix}.{n}", x) for n, x in layout.named_leaves(target)]
-    under = {n: s for n, s in saved.items() if n.startswith(prefix + ".")}
+    under = {n: s for n, s in saved.leaves.items() if n.startswith(prefix + ".")}
     layout.check_same(under, layout.describe(pairs), f"Restoring {prefix!r} of step {step} from {self.directory}")
-    values = self._read(step, pairs, partial=True)
-    return Restored(layout.rebuild(target, pairs, values, saved), step, self.metadata(step))
+    values = self._read(step, pairs, saved, partial=True)
+    return Restored(layout.rebuild(target, pairs, values, saved.leaves), step, metadata)
 
   def restore_params(self, params_target: Any, step: int | None = None, *, prefix: str = "params") -> Restored:
     """Restores the params only (a TrainState's ``params`` by default)."""
     return self.restore_subtree(params_target, prefix, step)
 
   def restore_latest_valid(self, target: Any, **kwargs) -> Restored:
-    """Restores the newest step that reads back; skips (and logs) corrupt ones.
+    """Restores the newest intact step, passing over damaged ones (listed in ``Restored.skipped``).
 
-    Structure mismatches are not skipped: they mean the target is wrong.
+    Only ``CorruptCheckpointError`` (damaged or missing files, checksum
+    mismatches) and a step deleted meanwhile are passed over; a structure
+    mismatch, a permission error or a transient I/O error is raised as itself,
+    never answered with an older step. ``kwargs`` go to ``restore``.
+
+    Raises:
+      NoCheckpointError: no step is intact (the message lists why each failed).
     """
     self._mngr.reload()
-    failures = []
+    skipped = []
     for step in reversed(self.all_steps()):
       try:
-        return self.restore(target, step, **kwargs)
-      except CorruptCheckpointError as e:
-        _log.warning("Skipping unreadable checkpoint step %d: %s", step, e)
-        failures.append(f"  step {step}: {e}")
-    raise NoCheckpointError(f"No readable checkpoint in {self.directory}." + ("\n" + "\n".join(failures) if failures else ""))
+        restored = self.restore(target, step, **kwargs)
+      except (CorruptCheckpointError, NoCheckpointError) as e:
+        reason = str(e)
+        _log.warning("Skipping damaged checkpoint step %d: %s", step, reason.splitlines()[0])
+        skipped.append(SkippedStep(step, reason))
+        continue
+      return restored._replace(skipped=tuple(skipped))
+    raise NoCheckpointError(f"No readable checkpoint in {self.directory}."
+                            + "".join(f"\n  step {s.step}: {s.reason}" for s in skipped))
 
 
 def _reinit_hint(paths: list[str], opt_state_key: str) -> str:

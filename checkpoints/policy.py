@@ -59,8 +59,11 @@ class CheckpointPolicy:
     best = policies.BestN(get_metric_fn=self._metric, reverse=self.best_mode == "min", n=self.keep_best)
     return policies.AnyPreservationPolicy([policies.LatestN(n=self.keep_last or 1), best])
 
-  def manager_options(self) -> ocp.CheckpointManagerOptions:
-    """Orbax options: our preservation policy, timed barriers on every process."""
+  def manager_options(self, read_only: bool = False) -> ocp.CheckpointManagerOptions:
+    """Orbax options: our preservation policy, timed barriers on every process.
+
+    ``read_only`` creates, cleans up and deletes nothing.
+    """
     several = jax.process_count() > 1
     return ocp.CheckpointManagerOptions(
         save_interval_steps=self.save_interval_steps,
@@ -73,6 +76,7 @@ class CheckpointPolicy:
         # barriers instead of untimed device collectives.
         multiprocessing_options=ocp.options.MultiprocessingOptions(
             active_processes=set(range(jax.process_count())) if several else None),
-        create=not several,
-        cleanup_tmp_directories=True,
+        create=not several and not read_only,
+        cleanup_tmp_directories=not read_only,
+        read_only=read_only,
     )

@@ -1,0 +1,158 @@
+"""Checksums of saved arrays that do not depend on how the arrays are sharded.
+
+Each leaf's bits are read as unsigned words (``uint32`` words for 4-, 8- and
+16-byte dtypes, the value of each byte or 16-bit word for 1- and 2-byte dtypes,
+the low bits only for sub-byte dtypes). Over these words ``u`` at global index
+``(i_0, ..., i_{k-1})`` (a 0-d leaf counts as shape ``(1,)``), the checksum is
+
+  ``[sum(u), sum(u * i_0), ..., sum(u * i_{k-1})]``, all modulo 2**32.
+
+Sums modulo 2**32 are exact in any order, so each process adds up the shards it
+holds (one replica of each), where the bytes already are: zero-copy NumPy views
+of CPU device buffers, or a small jitted reduction on an accelerator. Saving on
+one mesh and restoring onto another gives the same numbers. Any change of a
+single word changes ``sum(u)``; words moved to another position change a
+moment. Detection of arbitrary damage is probabilistic (a random change escapes
+with odds of about 2**-32 per number).
+"""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["ALGORITHM", "checksums", "mismatches"]
+
+ALGORITHM = "u32-sum-and-index-moments/1"
+_MASK = (1 << 32) - 1
+_BLOCK = 1 << 12  # moments of long vectors are taken over (blocks, _BLOCK) views
+
+
+def _words(block: np.ndarray) -> np.ndarray:
+  """``block`` (C-contiguous, ndim >= 1) as unsigned words: a view except for sub-byte dtypes."""
+  dtype = block.dtype
+  bits = jax.dtypes.itemsize_bits(dtype) if dtype != np.bool_ else 8
+  if bits < 8:
+    return block.view(np.uint8) & np.uint8((1 << bits) - 1)
+  if dtype.itemsize in (1, 2):
+    return block.view(np.uint8 if dtype.itemsize == 1 else np.uint16)
+  return block.view(np.uint32)  # itemsize 4, 8, 16: the last dimension grows by itemsize // 4
+
+
+def _words_per_item(dtype) -> int:
+  return max(np.dtype(dtype).itemsize // 4, 1)
+
+
+def _moment(v: np.ndarray) -> int:
+  """``sum(j * v[j])`` modulo 2**32 of a vector of unsigned words."""
+  n = v.shape[0]
+  if n <= 4 * _BLOCK:
+    return int(np.dot(np.arange(n, dtype=np.uint64), v.astype(np.uint64))) & _MASK
+  rows = n // _BLOCK
+  head = v[:rows * _BLOCK].reshape(rows, _BLOCK)
+  tail = v[rows * _BLOCK:]
+  row_sums = head.sum(axis=1, dtype=np.uint32)
+  col_sums = head.sum(axis=0, dtype=np.uint32)
+  tail_sum = int(tail.sum(dtype=np.uint64))
+  return (_BLOCK * _moment(row_sums) + _moment(col_sums) + rows * _BLOCK * tail_sum + _moment(tail)) & _MASK
+
+
+def _host_partial(block: np.ndarray) -> list[int]:
+  """``[sum(u), sum(u * j_0), ...]`` of one block with *local* indices ``j``."""
+  u = _words(np.ascontiguousarray(block).reshape(block.shape or (1,)))
+  if u.ndim == 1:
+    return [int(u.sum(dtype=np.uint64)) & _MASK, _moment(u)]
+  lead = u.sum(axis=-1, dtype=np.uint32)  # one pass; the other dimensions come from this smaller array
+  last = u.reshape(-1, u.shape[-1]).sum(axis=0, dtype=np.uint32)  # second pass
+  axes = tuple(range(lead.ndim))
+  moments = [_moment(lead.sum(axis=axes[:d] + axes[d + 1:], dtype=np.uint32)) for d in axes]
+  return [int(last.sum(dtype=np.uint64)) & _MASK] + moments + [_moment(last)]
+
+
+@jax.jit
+def _device_partial(block: jax.Array) -> jax.Array:
+  """``_host_partial`` computed on the block's own (accelerator) device."""
+  block = block.reshape(block.shape or (1,))
+  dtype = np.dtype(block.dtype)
+  bits = jax.dtypes.itemsize_bits(dtype) if dtype != np.bool_ else 8
+  if dtype == np.bool_ or bits < 8:
+    u = block.astype(jnp.uint8) if dtype == np.bool_ else jax.lax.bitcast_convert_type(block, jnp.uint8)
+    u = u & jnp.uint8((1 << bits) - 1)
+  elif dtype.itemsize in (1, 2):
+    u = jax.lax.bitcast_convert_type(block, jnp.uint8 if dtype.itemsize == 1 else jnp.uint16)
+  else:
+    u = jax.lax.bitcast_convert_type(block, jnp.uint32)
+    if dtype.itemsize > 4:  # (..., n, words) -> (..., n * words), as NumPy's view
+      u = u.reshape(u.shape[:-2] + (u.shape[-2] * u.shape[-1],))
+  u = u.astype(jnp.uint32)
+  sums = [jnp.sum(u, dtype=jnp.uint32)]
+  sums += [jnp.sum(u * jax.lax.broadcasted_iota(jnp.uint32, u.shape, d), dtype=jnp.uint32) for d in range(u.ndim)]
+  return jnp.stack(sums)
+
+
+def _partial(block, on_device: bool) -> list[int]:
+  if on_device:
+    return [int(s) for s in np.asarray(_device_partial(block))]
+  return _host_partial(np.asarray(block))
+
+
+def _offsets(index: tuple, shape: tuple, words: int) -> list[int]:
+  """Global start of a shard along each word dimension (a 0-d leaf: ``[0]``)."""
+  starts = [s.start or 0 for s in index] or [0]
+  starts[-1] *= words if shape else 1
+  return starts
+
+
+def _add_shard(total: list[int], partial: list[int], offsets: list[int]) -> None:
+  """Adds a shard's local sums to ``total``, moving its moments to global indices."""
+  count = partial[0]
+  total[0] = (total[0] + count) & _MASK
+  for d, (moment, start) in enumerate(zip(partial[1:], offsets)):
+    total[d + 1] = (total[d + 1] + moment + start * count) & _MASK
+
+
+def _leaf_checksum(leaf: Any, force_device: bool) -> list[int]:
+  """This process's share of a leaf's checksum (zeros where it holds no first replica)."""
+  shape = tuple(np.shape(leaf))
+  total = [0] * (1 + max(len(shape), 1))
+  if not isinstance(leaf, jax.Array):  # host values are written (and read) by process 0 only
+    if jax.process_index() == 0:
+      _add_shard(total, _host_partial(np.asarray(leaf)), [0] * len(total[1:]))
+    return total
+  words = _words_per_item(leaf.dtype)
+  for shard in leaf.addressable_shards:
+    if shard.replica_id != 0:
+      continue
+    on_device = force_device or shard.device.platform != "cpu"
+    _add_shard(total, _partial(shard.data, on_device), _offsets(shard.index, shape, words))
+  return total
+
+
+def _sum_over_processes(per_leaf: list[list[int]]) -> list[list[int]]:
+  if jax.process_count() == 1 or not per_leaf:
+    return per_leaf
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  flat = np.array([v for sums in per_leaf for v in sums], np.uint32)
+  gathered = multihost_utils.process_allgather(flat).astype(np.uint64).sum(axis=0) & _MASK
+  out, at = [], 0
+  for sums in per_leaf:
+    out.append([int(v) for v in gathered[at:at + len(sums)]])
+    at += len(sums)
+  return out
+
+
+def checksums(leaves: dict[str, Any], *, force_device: bool = False) -> dict[str, list[int]]:
+  """``{leaf name: checksum}`` of ``{leaf name: array}`` (the arrays as written or as read).
+
+  Every process must call it with the same names (a collective with several
+  processes). ``force_device`` computes CPU shards the accelerator way (tests).
+  """
+  names = list(leaves)
+  per_leaf = _sum_over_processes([_leaf_checksum(leaves[n], force_device) for n in names])
+  return dict(zip(names, per_leaf))
+
+
+def mismatches(saved: dict[str, list[int]], read: dict[str, list[int]]) -> list[str]:
+  """Names of the leaves whose checksum as read differs from the one saved."""
+  return [n for n in read if list(saved.get(n, [])) != list(read[n])]
