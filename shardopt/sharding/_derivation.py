@@ -172,7 +172,7 @@ def plan_state_shardings(tx, params, param_shardings, *,
   spec_leaves = _param_specs(params, param_shardings)
   state = _abstract_state(tx, params, spec_leaves, params_def, mesh)
   state_leaves, state_def = jax.tree_util.tree_flatten_with_path(state)
-  owners = state_owners(tx.init, params_def, state)
+  owners = state_owners(tx.init, params, state)
   param_paths = [jax.tree_util.keystr(p) for p, _ in
                  jax.tree_util.tree_flatten_with_path(params)[0]]
   plans = [

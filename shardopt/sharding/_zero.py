@@ -20,7 +20,7 @@ import math
 
 from shardopt.sharding._specs import spec_axes
 
-__all__ = ["DEFAULT_MIN_SHARD_BYTES", "zero_dimension"]
+__all__ = ["DEFAULT_MIN_SHARD_BYTES", "param_dims", "zero_dimension"]
 
 DEFAULT_MIN_SHARD_BYTES = 4096
 
@@ -38,7 +38,7 @@ def _free_divisible(shape, spec, size) -> tuple[str, int | None]:
   return f"dim {dim}", dim
 
 
-def _param_dims(shape, param_shape) -> list[int | None] | None:
+def param_dims(shape, param_shape) -> list[int | None] | None:
   """Per leaf dimension, the param dimension it keeps (None: its own, e.g. a
   history dimension); None when the two shapes match no single way."""
   shape, param_shape = tuple(shape), tuple(param_shape)
@@ -90,7 +90,7 @@ def zero_dimension(shape, dtype, spec, param_shape, param_spec, axis: str,
   reason, param_dim = _free_divisible(param_shape, param_spec, size)
   if param_dim is None:
     return reason, None
-  kept = _param_dims(shape, param_shape)
+  kept = param_dims(shape, param_shape)
   if kept is None:
     return (f"not sharded: its shape {tuple(shape)} matches its param's "
             f"{tuple(param_shape)} in no single way"), None

@@ -1,0 +1,95 @@
+"""The sharded step at the library boundary: grads checked against params
+(once per compiled signature, naming the param), donated arrays refused with
+the reason, and the README's pattern leaving the user's arrays alive."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import partitioning
+import shardopt
+from shardopt.sharding import _step
+
+SPECS = {"w": P(None, "model"), "b": P()}
+
+
+def _setup():
+  mesh = partitioning.make_mesh({"data": 2, "model": 4})
+  shardings = partitioning.named_shardings(mesh, SPECS)
+  params = {"w": jnp.ones((8, 16)), "b": jnp.zeros((16,))}
+  opt = shardopt.make_sharded_optimizer(shardopt.adam(0.1), params, shardings)
+  placed = jax.device_put(jax.tree.map(jnp.copy, params), shardings)
+  return opt, placed, opt.init(placed)
+
+
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.bfloat16])
+def test_grads_of_another_dtype_are_rejected_naming_the_param(dtype):
+  opt, params, state = _setup()
+  grads = {"w": jnp.ones((8, 16), dtype), "b": jnp.ones((16,))}
+  with pytest.raises(TypeError, match=rf"grads\['w'\] is {jnp.dtype(dtype)} "
+                     r"but params\['w'\] is float32"):
+    opt.update(grads, state, params)
+  assert not params["w"].is_deleted()  # refused before anything ran
+
+
+def test_wrong_shape_names_the_param():
+  opt, params, state = _setup()
+  grads = {"w": jnp.ones((8, 16)), "b": jnp.ones((8,))}
+  with pytest.raises(ValueError, match=r"grads\['b'\] has shape \(8,\) but "
+                     r"params\['b'\] has shape \(16,\)"):
+    opt.update(grads, state, params)
+
+
+def test_tree_mismatch_names_the_missing_param():
+  opt, params, state = _setup()
+  with pytest.raises(ValueError, match=r"params\['b'\] has no gradient"):
+    opt.update({"w": jnp.ones((8, 16))}, state, params)
+  with pytest.raises(ValueError, match=r"grads\['extra'\] matches no param"):
+    opt.update({"w": jnp.ones((8, 16)), "b": jnp.ones(16),
+                "extra": jnp.ones(2)}, state, params)
+
+
+def test_grads_are_checked_once_per_compiled_signature(monkeypatch):
+  calls = []
+  checked = _step.check_grads
+  monkeypatch.setattr(_step, "check_grads",
+                      lambda g, p: calls.append(1) or checked(g, p))
+  opt, params, state = _setup()
+  grads = jax.tree.map(jnp.ones_like, params)
+  for _ in range(3):
+    params, state = opt.update(grads, state, params)
+  assert len(calls) == 1  # while tracing, not on every step
+
+
+def test_a_donated_array_is_refused_with_the_reason():
+  opt, params, state = _setup()
+  grads = jax.tree.map(jnp.ones_like, params)
+  new_params, new_state = opt.update(grads, state, params)
+  with pytest.raises(RuntimeError, match=r"params\['b'\], params\['w'\]. They "
+                     r"were donated to an earlier call"):
+    opt.update(grads, new_state, params)
+  with pytest.raises(RuntimeError, match=r"state\[0\]\.mu\['b'\]"):
+    opt.update(grads, state, new_params)
+  new_params, _ = opt.update(grads, new_state, new_params)  # still usable
+  assert not new_params["w"].is_deleted()
+
+
+def test_readme_pattern_keeps_the_users_arrays():
+  """Placing a copy, as the README example does, leaves the user's params
+  alive (device_put alone would hand update the same buffers)."""
+  mesh = partitioning.make_mesh({"data": 2, "model": 4})
+  shardings = partitioning.named_shardings(mesh, SPECS)
+  mine = jax.device_put({"w": jnp.ones((8, 16)), "b": jnp.zeros((16,))},
+                        shardings)  # already placed, as after a restore
+  opt = shardopt.make_sharded_optimizer(shardopt.sgd(0.5), mine, shardings)
+  params = jax.device_put(jax.tree.map(jnp.copy, mine), shardings)
+  state = opt.init(params)
+  params, state = opt.update(jax.tree.map(jnp.ones_like, params), state,
+                             params)
+  assert not any(x.is_deleted() for x in jax.tree.leaves(mine))
+  np.testing.assert_allclose(np.asarray(mine["w"]), 1.0)
+  np.testing.assert_allclose(np.asarray(params["w"]), 0.5)
+  aliased = jax.device_put(mine, shardings)  # the pitfall the copy avoids
+  assert aliased["w"] is mine["w"]
