@@ -34,11 +34,12 @@ from shardopt._src.tree_math import (
 
 # Gradient transformations
 from shardopt._src.transforms.adam import scale_by_adam, scale_by_radam, ScaleByAdamState
+from shardopt._src.transforms.adadelta import scale_by_adadelta, ScaleByAdaDeltaState
 from shardopt._src.transforms.adam_variants import (
-    scale_by_adadelta, scale_by_adamax, scale_by_adan, scale_by_amsgrad, scale_by_belief,
-    scale_by_yogi, ScaleByAdaDeltaState, ScaleByAdanState, ScaleByAmsgradState,
+    scale_by_adamax, scale_by_amsgrad, scale_by_belief, scale_by_yogi, ScaleByAmsgradState,
     ScaleByBeliefState,
 )
+from shardopt._src.transforms.adan import scale_by_adan, ScaleByAdanState
 from shardopt._src.transforms.clipping import (
     adaptive_grad_clip, AdaptiveGradClipState, clip, clip_by_block_rms, clip_by_global_norm,
     ClipByGlobalNormState, ClipState,

@@ -8,7 +8,7 @@ adafactor.py.
 import jax
 
 from shardopt._src import base
-from shardopt._src.transforms import adam_variants
+from shardopt._src.transforms import adadelta as adadelta_lib
 from shardopt._src.transforms import momentum as momentum_lib
 from shardopt._src.transforms import rms
 from shardopt._src.transforms import scaling
@@ -223,6 +223,6 @@ def adadelta(
   """
   return combine.chain(
       weight_decay_lib.add_decayed_weights(weight_decay, mask=weight_decay_mask),
-      adam_variants.scale_by_adadelta(rho=rho, eps=eps),
+      adadelta_lib.scale_by_adadelta(rho=rho, eps=eps),
       scaling.scale_by_learning_rate(learning_rate),
   )

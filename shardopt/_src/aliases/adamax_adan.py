@@ -9,6 +9,7 @@ import jax
 from shardopt._src import base
 from shardopt._src.aliases.gradient_descent import descend
 from shardopt._src.transforms import adam_variants
+from shardopt._src.transforms import adan as adan_lib
 from shardopt._src.transforms import scaling
 from shardopt._src.wrappers import combine
 
@@ -126,6 +127,6 @@ def adan(
     Optimizing Deep Models", 2022 (https://arxiv.org/abs/2208.06677).
   """
   return descend(
-      adam_variants.scale_by_adan(b1=b1, b2=b2, b3=b3, eps=eps,
+      adan_lib.scale_by_adan(b1=b1, b2=b2, b3=b3, eps=eps,
                                       eps_root=eps_root),
       learning_rate, weight_decay, mask)

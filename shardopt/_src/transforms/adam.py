@@ -86,15 +86,36 @@ def scale_by_adam(
     nesterov: bool = False,
     nu_dtype: Any | None = None,
 ) -> base.GradientTransformation:
-  """Adam's rescaling ``mu_hat / (sqrt(nu_hat + eps_root) + eps)``.
+  """Adam's rescaling: debiased first moment over the root of the second.
 
-  ``mu_dtype``/``nu_dtype`` set the storage dtypes of the two moments
-  (default: the params'); ``nu_dtype`` is a shardopt extension.
+  ``m = b1 * m + (1 - b1) * g``, ``v = b2 * v + (1 - b2) * g**2``; with
+  ``m_hat = m / (1 - b1**t)`` and ``v_hat = v / (1 - b2**t)`` the output is
+  ``m_hat / (sqrt(v_hat + eps_root) + eps)``. With ``nesterov`` the first
+  moment looks one step ahead: ``b1 * m / (1 - b1**(t+1)) + (1 - b1) * g /
+  (1 - b1**t)``. Both moments are ``zeros_like`` the params (their
+  shardings).
 
-  References: Kingma & Ba, "Adam: A Method for Stochastic Optimization", 2014
-  (https://arxiv.org/abs/1412.6980); with ``nesterov``, Dozat, "Incorporating
-  Nesterov Momentum into Adam", ICLR workshop 2016
-  (https://openreview.net/forum?id=OM0jvwB8jIp57ZJjtNEZ).
+  Args:
+    b1: decay of the first moment (default 0.9).
+    b2: decay of the second moment (default 0.999).
+    eps: added to the root of the second moment (default 1e-8).
+    eps_root: added to the second moment inside the root (default 0.0).
+    mu_dtype: dtype of the first moment; ``None`` (default) uses the
+      params' dtype.
+    nesterov: whether to use Nesterov momentum (default False).
+    nu_dtype: dtype of the second moment; ``None`` (default) uses the
+      params' dtype (a shardopt addition).
+
+  Returns:
+    A ``GradientTransformation`` whose state is a ``ScaleByAdamState``
+    (count, mu, nu).
+
+  References:
+    Kingma & Ba, "Adam: A Method for Stochastic Optimization", ICLR 2015
+    (https://arxiv.org/abs/1412.6980); Dozat, "Incorporating Nesterov
+    Momentum into Adam", ICLR workshop 2016
+    (https://openreview.net/forum?id=OM0jvwB8jIp57ZJjtNEZ) for
+    ``nesterov``.
   """
   mu_dtype = canonical_dtype(mu_dtype)
   nu_dtype = canonical_dtype(nu_dtype)
@@ -123,13 +144,29 @@ def scale_by_radam(
     *,
     nesterov: bool = False,
 ) -> base.GradientTransformation:
-  """Rectified Adam: Adam's step times the variance rectification ``r``.
+  """Rectified Adam: Adam's step times a variance rectification, once reliable.
 
-  While the approximated SMA length ``rho`` is below ``threshold`` the update
-  is the debiased momentum alone.
+  With ``rho_inf = 2 / (1 - b2) - 1`` and ``rho_t = rho_inf - 2 t b2**t /
+  (1 - b2**t)``, the output is ``r_t * m_hat / (sqrt(v_hat + eps_root) +
+  eps)`` with ``r_t = sqrt((rho_t - 4)(rho_t - 2) rho_inf / ((rho_inf -
+  4)(rho_inf - 2) rho_t))`` when ``rho_t >= threshold``, and ``m_hat`` alone
+  before.
 
-  Reference: Liu et al., "On the Variance of the Adaptive Learning Rate and
-  Beyond", 2019 (https://arxiv.org/abs/1908.03265).
+  Args:
+    b1: decay of the first moment (default 0.9).
+    b2: decay of the second moment (default 0.999).
+    eps: added to the root of the second moment (default 1e-8).
+    eps_root: added to the second moment inside the root (default 0.0).
+    threshold: the ``rho_t`` from which the adaptive step is used
+      (default 5.0).
+    nesterov: whether to use Nesterov momentum (default False).
+
+  Returns:
+    A ``GradientTransformation`` whose state is a ``ScaleByAdamState``.
+
+  References:
+    Liu et al., "On the Variance of the Adaptive Learning Rate and Beyond",
+    ICLR 2020 (https://arxiv.org/abs/1908.03265).
   """
   rho_inf = 2.0 / (1.0 - b2) - 1.0
 

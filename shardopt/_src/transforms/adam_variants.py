@@ -1,4 +1,5 @@
-"""Adam's relatives: Adadelta, Adan, Adamax, AMSGrad, AdaBelief and Yogi.
+"""Adam's relatives: Adamax, AMSGrad, AdaBelief and Yogi (Adadelta and Adan
+are in modules of their own).
 
 Each keeps per-coordinate moments built with ``zeros_like``/``full_like`` of
 the params, so the state carries the params' shardings.
@@ -19,13 +20,9 @@ from shardopt._src.transforms.adam import debiased_first_moment
 from shardopt._src.transforms.momentum import canonical_dtype
 
 __all__ = [
-    "ScaleByAdaDeltaState",
-    "ScaleByAdanState",
     "ScaleByAmsgradState",
     "ScaleByBeliefState",
-    "scale_by_adadelta",
     "scale_by_adamax",
-    "scale_by_adan",
     "scale_by_amsgrad",
     "scale_by_belief",
     "scale_by_yogi",
@@ -36,102 +33,28 @@ def _counter() -> jax.Array:
   return jnp.zeros([], jnp.int32)
 
 
-class ScaleByAdaDeltaState(NamedTuple):
-  """Running averages of squared gradients ``e_g`` and squared updates ``e_x``."""
-
-  e_g: base.Updates
-  e_x: base.Updates
-
-
-def scale_by_adadelta(
-    rho: jax.typing.ArrayLike = 0.9, eps: jax.typing.ArrayLike = 1e-6
-) -> base.GradientTransformation:
-  """Adadelta: g * sqrt(E[dx^2] + eps) / sqrt(E[g^2] + eps).
-
-  Reference: Zeiler, ADADELTA: An Adaptive Learning Rate Method, 2012
-  (https://arxiv.org/abs/1212.5701).
-  """
-
-  def init_fn(params):
-    return ScaleByAdaDeltaState(
-        e_g=tree_math.tree_zeros_like(params), e_x=tree_math.tree_zeros_like(params)
-    )
-
-  def update_fn(updates, state, params=None):
-    del params
-    e_g = tree_math.update_moment(updates, state.e_g, rho, 2)
-    updates = jax.tree.map(
-        lambda g, sq_g, sq_x: jnp.sqrt(sq_x + eps) / jnp.sqrt(sq_g + eps) * g,
-        updates,
-        e_g,
-        state.e_x,
-    )
-    e_x = tree_math.update_moment(updates, state.e_x, rho, 2)
-    return updates, ScaleByAdaDeltaState(e_g=e_g, e_x=e_x)
-
-  return base.GradientTransformation(init_fn, update_fn)
-
-
-class ScaleByAdanState(NamedTuple):
-  """Moments of gradients ``m``, of gradient differences ``v``, of the
-  squared corrected gradient ``n``, the previous gradient ``g`` and step ``t``."""
-
-  m: base.Updates
-  v: base.Updates
-  n: base.Updates
-  g: base.Updates
-  t: jax.Array  # int32 scalar
-
-
-def scale_by_adan(
-    b1: jax.typing.ArrayLike = 0.98,
-    b2: jax.typing.ArrayLike = 0.92,
-    b3: jax.typing.ArrayLike = 0.99,
-    eps: jax.typing.ArrayLike = 1e-8,
-    eps_root: jax.typing.ArrayLike = 0.0,
-) -> base.GradientTransformation:
-  """Adan: Nesterov-style momentum estimated from gradient differences.
-
-  Reference: Xie et al., Adan: Adaptive Nesterov Momentum Algorithm for Faster
-  Optimizing Deep Models, 2022 (https://arxiv.org/abs/2208.06677), Alg. 1.
-  """
-
-  def init_fn(params):
-    zeros = lambda: tree_math.tree_zeros_like(params)  # noqa: E731
-    return ScaleByAdanState(m=zeros(), v=zeros(), n=zeros(), g=zeros(),
-                            t=_counter())
-
-  def update_fn(updates, state, params=None):
-    del params
-    first = state.t == 0
-    diff = jax.tree.map(
-        lambda g, prev: jnp.where(first, jnp.zeros_like(g), g - prev),
-        updates, state.g,
-    )
-    m = tree_math.update_moment(updates, state.m, b1, 1)
-    v = tree_math.update_moment(diff, state.v, b2, 1)
-    corrected = jax.tree.map(lambda g, d: g + (1 - b2) * d, updates, diff)
-    n = tree_math.update_moment_per_elem_norm(corrected, state.n, b3, 2)
-    t = numerics.safe_increment(state.t)
-    m_hat = tree_math.bias_correction(m, b1, t)
-    v_hat = tree_math.bias_correction(v, b2, t)
-    n_hat = tree_math.bias_correction(n, b3, t)
-    direction = jax.tree.map(lambda a, b: a + (1 - b2) * b, m_hat, v_hat)
-    direction = adam_direction(direction, n_hat, eps, eps_root)
-    return direction, ScaleByAdanState(m=m, v=v, n=n, g=updates, t=t)
-
-  return base.GradientTransformation(init_fn, update_fn)
-
-
 def scale_by_adamax(
     b1: jax.typing.ArrayLike = 0.9,
     b2: jax.typing.ArrayLike = 0.999,
     eps: jax.typing.ArrayLike = 1e-8,
 ) -> base.GradientTransformation:
-  """Adamax: Adam with the infinity norm as second moment (not debiased).
+  """Adamax's rescaling: Adam with the infinity norm as second moment.
 
-  Reference: Kingma & Ba, Adam: A Method for Stochastic Optimization, 2014
-  (https://arxiv.org/abs/1412.6980), Sec. 7.1.
+  ``m = b1 * m + (1 - b1) * g`` and ``u = max(b2 * u, |g| + eps)`` (not
+  debiased); the output is ``m / (1 - b1**t) / u``.
+
+  Args:
+    b1: decay of the first moment (default 0.9).
+    b2: decay of the infinity norm (default 0.999).
+    eps: added to ``|g|`` in the infinity norm (default 1e-8).
+
+  Returns:
+    A ``GradientTransformation`` whose state is a ``ScaleByAdamState``
+    (``nu`` holds the infinity norm).
+
+  References:
+    Kingma & Ba, "Adam: A Method for Stochastic Optimization", ICLR 2015
+    (https://arxiv.org/abs/1412.6980), Sec. 7.1.
   """
 
   def init_fn(params):
@@ -171,12 +94,29 @@ def scale_by_amsgrad(
     bias_correction_mu: bool = True,
     bias_correction_nu: bool = True,
 ) -> base.GradientTransformation:
-  """AMSGrad: Adam dividing by the running maximum of the second moment.
+  """AMSGrad's rescaling: Adam dividing by the running maximum of the second moment.
 
-  The bias corrections can be switched off to follow the paper exactly.
+  ``nu_max = max(nu_max, nu_hat)``; the output is ``m_hat /
+  (sqrt(nu_max + eps_root) + eps)``. The bias corrections can be switched
+  off to follow the paper exactly.
 
-  Reference: Reddi et al., On the Convergence of Adam and Beyond, 2018
-  (https://openreview.net/forum?id=ryQu7f-RZ).
+  Args:
+    b1: decay of the first moment (default 0.9).
+    b2: decay of the second moment (default 0.999).
+    eps: added to the root of the maximum (default 1e-8).
+    eps_root: added to the maximum inside the root (default 0.0).
+    mu_dtype: dtype of the first moment; ``None`` (default) uses the
+      params' dtype.
+    bias_correction_mu: whether to debias the first moment (default True).
+    bias_correction_nu: whether to debias the second moment before taking
+      the maximum (default True).
+
+  Returns:
+    A ``GradientTransformation`` whose state is a ``ScaleByAmsgradState``.
+
+  References:
+    Reddi et al., "On the Convergence of Adam and Beyond", ICLR 2018
+    (https://openreview.net/forum?id=ryQu7f-RZ).
   """
   mu_dtype = canonical_dtype(mu_dtype)
 
@@ -220,10 +160,24 @@ def scale_by_belief(
     *,
     nesterov: bool = False,
 ) -> base.GradientTransformation:
-  """AdaBelief: divides by the EMA of (g - mu)^2, the "belief" in the gradient.
+  """AdaBelief's rescaling: divides by the EMA of ``(g - m)**2``.
 
-  Reference: Zhuang et al., AdaBelief Optimizer: Adapting Stepsizes by the
-  Belief in Observed Gradients, 2020 (https://arxiv.org/abs/2010.07468).
+  ``m = b1 * m + (1 - b1) * g``, ``s = b2 * s + (1 - b2) * (g - m)**2 +
+  eps_root``; the output is ``m_hat / (sqrt(s_hat) + eps)`` (both debiased).
+
+  Args:
+    b1: decay of the first moment (default 0.9).
+    b2: decay of the belief moment (default 0.999).
+    eps: added to the root of the belief moment (default 1e-16).
+    eps_root: added to the belief moment at every step (default 1e-16).
+    nesterov: whether to use Nesterov momentum (default False).
+
+  Returns:
+    A ``GradientTransformation`` whose state is a ``ScaleByBeliefState``.
+
+  References:
+    Zhuang et al., "AdaBelief Optimizer: Adapting Stepsizes by the Belief in
+    Observed Gradients", NeurIPS 2020 (https://arxiv.org/abs/2010.07468).
   """
 
   def init_fn(params):
@@ -255,12 +209,25 @@ def scale_by_yogi(
     eps_root: jax.typing.ArrayLike = 0.0,
     initial_accumulator_value: jax.typing.ArrayLike = 1e-6,
 ) -> base.GradientTransformation:
-  """Yogi: an additive (sign-controlled) second-moment update.
+  """Yogi's rescaling: an additive, sign-controlled second-moment update.
 
-  Both moments start at ``initial_accumulator_value``.
+  ``v = v - (1 - b2) * sign(v - g**2) * g**2``; the output is ``m_hat /
+  (sqrt(v_hat + eps_root) + eps)`` (both moments debiased).
 
-  Reference: Zaheer et al., Adaptive Methods for Nonconvex Optimization, 2018
-  (https://papers.nips.cc/paper/8186-adaptive-methods-for-nonconvex-optimization).
+  Args:
+    b1: decay of the first moment (default 0.9).
+    b2: rate of the second moment's change (default 0.999).
+    eps: added to the root of the second moment (default 1e-3).
+    eps_root: added to the second moment inside the root (default 0.0).
+    initial_accumulator_value: initial value of both moments (default
+      1e-6).
+
+  Returns:
+    A ``GradientTransformation`` whose state is a ``ScaleByAdamState``.
+
+  References:
+    Zaheer et al., "Adaptive Methods for Nonconvex Optimization", NeurIPS
+    2018 (https://papers.nips.cc/paper/8186).
   """
 
   def init_fn(params):
