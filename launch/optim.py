@@ -1,9 +1,10 @@
 """Optimizers and learning-rate schedules by name, from the command line.
 
 ``build_optimizer(args)`` looks the name up among shardopt's aliases (any of
-them: adam, adamw, adafactor, sgd, lion, ...), passes the hyperparameters the
-user gave (and only those, so the alias's own defaults apply otherwise), and
-wraps it with global-norm clipping when asked.
+them: adam, adamw, adafactor, sgd, lion, ...; then shardopt.contrib's: muon,
+shampoo, soap, ...), passes the hyperparameters the user gave (and only those,
+so the alias's own defaults apply otherwise), and wraps it with global-norm
+clipping when asked.
 """
 
 import argparse
@@ -34,10 +35,12 @@ def build_schedule(args: argparse.Namespace) -> shardopt.Schedule:
 
 
 def _alias(name: str):
-  factory = getattr(shardopt, name, None)
+  """The alias at shardopt's top level, or else in shardopt.contrib (muon, soap)."""
+  factory = getattr(shardopt, name, None) or getattr(shardopt.contrib, name, None)
   if factory is None or not callable(factory) or "learning_rate" not in _params(factory):
     raise ValueError(f"--optimizer {name!r} is not a shardopt optimizer alias (a"
-                     " function taking learning_rate, e.g. adamw, adafactor, sgd).")
+                     " function taking learning_rate, e.g. adamw, adafactor, sgd,"
+                     " or one of shardopt.contrib, e.g. muon, shampoo, soap).")
   return factory
 
 
@@ -45,11 +48,20 @@ def _params(fn) -> dict:
   return dict(inspect.signature(fn).parameters)
 
 
+def _as_default_type(value, param):
+  """``--opt block_size=16`` parses as 16.0: an int where the default is one."""
+  if (param is not None and isinstance(param.default, int)
+      and not isinstance(param.default, bool) and float(value).is_integer()):
+    return int(value)
+  return value
+
+
 def optimizer_kwargs(args: argparse.Namespace, factory) -> dict:
   """The keyword arguments the user set, checked against the alias's signature."""
   given = {k: getattr(args, k) for k in HYPERPARAMETER_FLAGS if getattr(args, k) is not None}
   given.update(dict(args.opt))
   accepted = _params(factory)
+  given = {k: _as_default_type(v, accepted.get(k)) for k, v in given.items()}
   unknown = sorted(set(given) - set(accepted))
   if unknown:
     raise ValueError(
