@@ -257,6 +257,30 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("trax_rmsprop", oracle=False),
     Entry("trax_adafactor", oracle=False),
     Entry("trax_sm3", oracle=False),
+    # optax.contrib, first half (shardopt.contrib).
+    *(Entry(name, kwargs, namespace="contrib", extra_args=extra)
+      for name, kwargs, extra in (
+          ("scale_by_acprop", {}, ()),
+          ("acprop", _LR, ()),
+          ("scale_by_ademamix", {"b3": 0.99}, ()),
+          ("ademamix", {"learning_rate": 0.1, "b3": 0.99}, ()),
+          ("scale_by_simplified_ademamix", {"alpha": 2.0}, ()),
+          ("simplified_ademamix", {"learning_rate": 0.1, "alpha": 2.0}, ()),
+          ("scale_by_adopt", {"b2": 0.99}, ()),
+          ("adopt", {"learning_rate": 0.1, "nesterov": True}, ()),
+          ("scale_by_cocob", {}, ()),
+          ("cocob", {"weight_decay": 0.01}, ()),
+          ("dadapt_adamw", {"weight_decay": 0.01}, ()),
+          ("dog", {"weight_decay": 0.01}, ()),
+          ("dowg", {"weight_decay": 0.01}, ()),
+          ("scale_by_madgrad", {"learning_rate": 0.1}, ()),
+          ("madgrad", {"learning_rate": 0.1, "weight_decay": 0.01}, ()),
+          ("mechanize", {"base_optimizer": _SGD}, ()),
+          ("momo", {"learning_rate": 0.1, "adapt_lower_bound": True}, ("value",)),
+          ("momo_adam", {"learning_rate": 0.1, "adapt_lower_bound": True},
+           ("value",)),
+          ("prodigy", {"weight_decay": 0.01}, ()),
+      )),
 )
 
 

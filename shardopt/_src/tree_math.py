@@ -5,6 +5,7 @@ existing tree, so the result keeps the shapes and shardings of its template.
 """
 
 import functools
+import operator
 from typing import Any
 
 import jax
@@ -19,12 +20,20 @@ __all__ = [
     "bias_correction",
     "global_norm",
     "tree_add",
+    "tree_add_scale",
+    "tree_batch_shape",
     "tree_cast",
     "tree_cast_like",
+    "tree_clip",
+    "tree_conj",
+    "tree_div",
     "tree_full_like",
+    "tree_inner_product",
+    "tree_mul",
+    "tree_ones_like",
+    "tree_real",
     "tree_scale",
     "tree_sub",
-    "tree_sum",
     "tree_vdot",
     "tree_where",
     "tree_zeros_like",
@@ -43,40 +52,87 @@ def tree_zeros_like(tree: Any, dtype=None) -> Any:
   return jax.tree.map(lambda x: jnp.zeros_like(x, dtype=dtype), tree)
 
 
+def tree_ones_like(tree: Any, dtype=None) -> Any:
+  """Ones with the structure, shapes and shardings of ``tree``."""
+  return jax.tree.map(lambda x: jnp.ones_like(x, dtype=dtype), tree)
+
+
 def tree_full_like(tree: Any, fill_value, dtype=None) -> Any:
   """``fill_value`` with the structure, shapes and shardings of ``tree``."""
   return jax.tree.map(lambda x: jnp.full_like(x, fill_value, dtype=dtype), tree)
 
 
+def tree_batch_shape(tree: Any, shape: tuple[int, ...] = ()) -> Any:
+  """Each leaf broadcast to ``(*shape, *leaf.shape)`` (leading batch axes)."""
+  return jax.tree.map(
+      lambda x: jnp.broadcast_to(x, (*shape, *jnp.shape(x))), tree)
+
+
 def tree_cast(tree: Any, dtype) -> Any:
-  """Casts every floating leaf to ``dtype`` (no-op when ``dtype`` is None)."""
+  """Casts every leaf to ``dtype`` (no-op when ``dtype`` is None)."""
   if dtype is None:
     return tree
-  return jax.tree.map(
-      lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
-      tree,
-  )
+  return jax.tree.map(lambda x: x.astype(dtype), tree)
 
 
 def tree_cast_like(tree: Any, like: Any) -> Any:
-  """Casts each leaf of ``tree`` to the dtype of the matching leaf of ``like``."""
-  return jax.tree.map(lambda x, y: jnp.asarray(x).astype(y.dtype), tree, like)
+  """Casts each leaf of ``tree`` to the dtype of the matching leaf of ``like``
+  (leaves of ``like`` without a dtype leave theirs unchanged)."""
+  return jax.tree.map(
+      lambda x, y: jnp.asarray(x).astype(y.dtype) if hasattr(y, "dtype") else x,
+      tree, like)
 
 
-def tree_add(x: Any, y: Any) -> Any:
-  return jax.tree.map(lambda a, b: a + b, x, y)
+def tree_add(x: Any, y: Any, *others: Any) -> Any:
+  """Leafwise sum of two or more trees of one structure."""
+  return jax.tree.map(lambda *leaves: sum(leaves[1:], leaves[0]), x, y, *others)
 
 
 def tree_sub(x: Any, y: Any) -> Any:
+  """Leafwise ``x - y``."""
   return jax.tree.map(lambda a, b: a - b, x, y)
 
 
+def tree_mul(x: Any, y: Any) -> Any:
+  """Leafwise ``x * y``."""
+  return jax.tree.map(lambda a, b: a * b, x, y)
+
+
+def tree_div(x: Any, y: Any) -> Any:
+  """Leafwise ``x / y``."""
+  return jax.tree.map(lambda a, b: a / b, x, y)
+
+
 def tree_scale(scalar, tree: Any) -> Any:
+  """``scalar * leaf`` for every leaf."""
   return jax.tree.map(lambda x: scalar * x, tree)
 
 
+def tree_add_scale(x: Any, scalar, y: Any) -> Any:
+  """``x + scalar * y`` leafwise (None leaves of ``x`` kept)."""
+  scalar = jnp.asarray(scalar)
+  return jax.tree.map(lambda a, b: None if a is None else a + scalar * b,
+                      x, y, is_leaf=_is_none)
+
+
+def tree_conj(tree: Any) -> Any:
+  """The complex conjugate of every leaf."""
+  return jax.tree.map(jnp.conj, tree)
+
+
+def tree_real(tree: Any) -> Any:
+  """The real part of every leaf."""
+  return jax.tree.map(jnp.real, tree)
+
+
+def tree_clip(tree: Any, min_value=None, max_value=None) -> Any:
+  """Every leaf clipped to ``[min_value, max_value]`` (None: unbounded)."""
+  return jax.tree.map(lambda x: jnp.clip(x, min_value, max_value), tree)
+
+
 def _leaf_vdot(a, b) -> jax.Array:
-  """Re <a, b> of one leaf: all axes contracted at the highest precision.
+  """<a, b> = sum(conj(a) * b) of one leaf: all axes contracted at the
+  highest precision.
 
   ``jnp.vdot`` ravels its inputs, which a mesh whose axes are all Explicit
   rejects for sharded leaves; contracting every axis in place works there,
@@ -88,21 +144,25 @@ def _leaf_vdot(a, b) -> jax.Array:
   explicit = not mesh.empty and mesh.are_all_axes_explicit
   out_sharding = NamedSharding(mesh, PartitionSpec()) if explicit else None
   return jnp.tensordot(jnp.conj(a), b, a.ndim, out_sharding=out_sharding,
-                       precision=jax.lax.Precision.HIGHEST).real
+                       precision=jax.lax.Precision.HIGHEST)
+
+
+def tree_inner_product(x: Any, y: Any) -> jax.Array:
+  """Sum over leaves of <x, y> = sum(conj(x) * y): complex for complex
+  leaves, in the leaves' dtype (optax's ``tree.vdot``), on any mesh."""
+  dots = jax.tree.map(_leaf_vdot, x, y)
+  return functools.reduce(operator.add, jax.tree.leaves(dots), 0)
 
 
 def tree_vdot(x: Any, y: Any) -> jax.Array:
-  """Sum over leaves of Re <x, y> (a replicated scalar), on any mesh."""
-  dots = jax.tree.map(_leaf_vdot, x, y)
+  """Sum over leaves of Re <x, y> (a replicated float32-or-wider scalar), on
+  any mesh: the real inner product that line searches and L-BFGS need."""
+  dots = jax.tree.map(lambda a, b: _leaf_vdot(a, b).real, x, y)
   return sum(jax.tree.leaves(dots), jnp.zeros([], jnp.float32))
 
 
-def tree_sum(tree: Any) -> jax.Array:
-  """Sum of all elements of all leaves."""
-  return sum((jnp.sum(x) for x in jax.tree.leaves(tree)), jnp.zeros([]))
-
-
 def tree_where(condition, x: Any, y: Any) -> Any:
+  """Leafwise ``jnp.where(condition, x, y)``."""
   return jax.tree.map(lambda a, b: jnp.where(condition, a, b), x, y)
 
 

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from shardopt._src import base
 from shardopt._src import numerics
 from shardopt._src import tree_math
+from shardopt._src import tree_reductions
 
 __all__ = [
     "ScaleByLBFGSState",
@@ -125,7 +126,7 @@ def scale_by_lbfgs(
          state.weights_memory),
         (dw, du, weight))
     if scale_init_precond:
-      sq_du = tree_math.tree_sum(jax.tree.map(numerics.abs_sq, du))
+      sq_du = tree_reductions.tree_sum(jax.tree.map(numerics.abs_sq, du))
       ratio = jnp.where(sq_du > 0.0, curvature / sq_du, 1.0)
       first = jnp.minimum(
           1.0, 1.0 / tree_math.global_norm(jax.lax.stop_gradient(updates)))

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from shardopt._src import base
 from shardopt._src import numerics
 from shardopt._src import tree_math
+from shardopt._src import tree_reductions
 
 __all__ = [
     "scale_by_polyak",
@@ -39,7 +40,7 @@ def scale_by_polyak(
 
   def update_fn(updates, state, params=None, *, value, **extra_args):
     del params, extra_args
-    sq_norm = tree_math.tree_sum(jax.tree.map(numerics.abs_sq, updates))
+    sq_norm = tree_reductions.tree_sum(jax.tree.map(numerics.abs_sq, updates))
     gap = jnp.array(value - f_min).astype(sq_norm.dtype)
     if variant == "sps+":
       gap = jnp.maximum(gap, 0.0)
