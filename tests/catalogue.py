@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 import shardopt
 
-__all__ = ["ENTRIES", "Entry", "Fn", "Sub", "build", "constructor"]
+__all__ = ["ENTRIES", "Entry", "Fn", "Lib", "Sub", "build", "constructor"]
 
 
 class Sub(NamedTuple):
@@ -39,11 +39,18 @@ class Fn(NamedTuple):
   kwargs: dict = {}
 
 
+class Lib(NamedTuple):
+  """``build(lib)``: an argument made from the library under test's own
+  types (e.g. its ``contrib.MuonDimensionNumbers``)."""
+
+  build: Callable
+
+
 class Entry(NamedTuple):
   """One public constructor and the example arguments it is proven with.
 
   ``extra_args`` names the keyword arguments its update needs (``value``,
-  ``grad``, ``value_fn`` of the objective); ``finish`` turns the constructed
+  ``grad``, ``value_fn`` or ``obj_fn``, the objective); ``finish`` turns the constructed
   object into the transformation (``MultiSteps``, ``inject_hyperparams``);
   ``oracle`` says whether optax has the same name and semantics;
   ``transformation`` is False for a constructor that is not an update rule
@@ -105,6 +112,18 @@ def _double_leaf(update, param=None):
 
 def _decaying(count) -> jax.Array:
   return 0.1 / (1.0 + count)
+
+
+def _muon_dims(lib):
+  """updates -> the library's MuonDimensionNumbers() for every leaf."""
+  dims = lib.contrib.MuonDimensionNumbers()
+  return lambda updates: jax.tree.map(lambda _: dims, updates)
+
+
+def _on_matrices(tx) -> shardopt.GradientTransformation:
+  """``tx`` on the params of rank >= 2, the rest passed through."""
+  return shardopt.partition({"matrix": tx, "other": shardopt.identity()},
+                            _by_rank)
 
 
 def _on_synced_params(lookahead_tx) -> shardopt.GradientTransformation:
@@ -281,6 +300,36 @@ ENTRIES: tuple[Entry, ...] = (
            ("value",)),
           ("prodigy", {"weight_decay": 0.01}, ()),
       )),
+    # optax.contrib, second half (shardopt.contrib).
+    *(Entry(name, kwargs, namespace="contrib", extra_args=extra)
+      for name, kwargs, extra in (
+          ("muon", _LR, ()),
+          ("galore", {"learning_rate": 0.1, "rank": 2, "update_proj_gap": 3},
+           ()),
+          ("scale_by_galore", {"rank": 2, "update_proj_gap": 3}, ()),
+          ("sam", {"optimizer": _SGD, "adv_optimizer": Sub(
+              "sgd", {"learning_rate": 0.05})}, ()),
+          ("normalize", {}, ()),
+          ("schedule_free", {"base_optimizer": Sub(
+              "adam", {"learning_rate": 0.1, "b1": 0.0}),
+                             "learning_rate": 0.1}, ()),
+          ("schedule_free_adamw", {"learning_rate": 0.1, "warmup_steps": 3,
+                                   "weight_decay": 0.01}, ()),
+          ("schedule_free_sgd", {"learning_rate": 0.1, "weight_decay": 0.01},
+           ()),
+          ("sophia", {"learning_rate": 0.1, "update_interval": 2},
+           ("obj_fn",)),
+          ("hutchinson_estimator_diag_hessian", {}, ("obj_fn",)),
+          ("split_real_and_imaginary", {"inner": _ADAM}, ()),
+          ("differentially_private_aggregate", {
+              "l2_norm_clip": 1.0, "noise_multiplier": 0.1, "key": 3}, ()),
+          ("dpsgd", {"learning_rate": 0.1, "l2_norm_clip": 1.0,
+                     "noise_multiplier": 0.1, "seed": 3, "momentum": 0.9}, ()),
+          ("reduce_on_plateau", {"patience": 2, "rtol": 0.5, "cooldown": 1,
+                                 "accumulation_size": 2}, ("value",)),
+      )),
+    Entry("scale_by_muon", {"weight_dimension_numbers": Lib(_muon_dims)},
+          namespace="contrib", finish=_on_matrices),
 )
 
 
@@ -291,6 +340,8 @@ def _resolve(value, lib):
   if isinstance(value, Fn):
     fn = getattr(lib, value.name)
     return functools.partial(fn, **value.kwargs) if value.kwargs else fn
+  if isinstance(value, Lib):
+    return value.build(lib)
   if isinstance(value, dict):
     return {k: _resolve(v, lib) for k, v in value.items()}
   if isinstance(value, (tuple, list)):

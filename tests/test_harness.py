@@ -49,7 +49,16 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
         "flatten concatenates every param into one vector, so the inner "
         "state is laid out for that vector, not for any param: replicated. "
         "That is what flatten is (its docstring says to use it for small, "
+_PER_EXAMPLE = (
+    "its updates are per-example gradients (the batch on axis 0 of every "
+    "leaf); the harness's gradients of oracle.mixed_tree share no batch "
+    "axis, so per_example_global_norm_clip raises ValueError; "
+    "tests/test_contrib_privacy.py proves it against optax on per-example "
+    "gradients, and sharded over the batch equal to unsharded")
         "unsharded trees); tests/test_flatten.py proves it against optax"),
+    **{(f"contrib.{name}", check): (ValueError, _PER_EXAMPLE)
+       for name in ("differentially_private_aggregate", "dpsgd")
+       for check in ("optax", "sharded_step")},
 }
 
 # label -> (bound of check (c), why it is looser than 1e-6).
@@ -94,7 +103,8 @@ def _objective_step(tx, entry):
 
   def step(params, state):
     value, grad = jax.value_and_grad(_objective)(params)
-    extra = {"value": value, "grad": grad, "value_fn": _objective}
+    extra = {"value": value, "grad": grad, "value_fn": _objective,
+             "obj_fn": _objective}
     kwargs = {name: extra[name] for name in entry.extra_args}
     direction = jax.tree.map(jnp.negative, grad) if entry.descent else grad
     updates, state = tx.update(direction, state, params, **kwargs)

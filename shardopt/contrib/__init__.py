@@ -20,6 +20,25 @@ from shardopt.contrib._madgrad import madgrad, MadgradState, scale_by_madgrad
 from shardopt.contrib._mechanic import MechanicState, mechanize
 from shardopt.contrib._momo import momo, momo_adam, MomoAdamState, MomoState
 from shardopt.contrib._prodigy import prodigy, ProdigyState
+from shardopt.contrib._muon import MuonDimensionNumbers, MuonState, muon, scale_by_muon
+from shardopt.contrib._complex_valued import (
+    split_real_and_imaginary, SplitRealAndImaginaryState,
+)
+from shardopt.contrib._galore import (
+    galore, GaLoreDimensionNumbers, GaLoreState, scale_by_galore,
+)
+from shardopt.contrib._privacy import (
+    differentially_private_aggregate, DifferentiallyPrivateAggregateState, dpsgd,
+)
+from shardopt.contrib._reduce_on_plateau import reduce_on_plateau, ReduceLROnPlateauState
+from shardopt.contrib._sam import normalize, NormalizeState, sam, SAMState
+from shardopt.contrib._schedule_free import (
+    schedule_free, schedule_free_adamw, schedule_free_eval_params, schedule_free_sgd,
+    ScheduleFreeState,
+)
+from shardopt.contrib._sophia import (
+    hutchinson_estimator_diag_hessian, HutchinsonState, sophia, SophiaState,
+)
 from shardopt.contrib._blocking import BlockLayout, block_layout
 from shardopt.contrib._shampoo import ShampooState, scale_by_shampoo, shampoo
 from shardopt.contrib._soap import SoapState, scale_by_soap, soap
@@ -33,6 +52,15 @@ __all__ = [
     "ScaleByAdemamixState", "ScaleBySimplifiedAdEMAMixState", "simplified_ademamix",
     "MomentumType", "TraxAdafactorState", "TraxSM3State", "trax_adafactor", "trax_adam",
     "trax_momentum", "trax_rmsprop", "trax_sm3",
+    "MuonDimensionNumbers", "MuonState", "muon", "scale_by_muon",
+    "split_real_and_imaginary", "SplitRealAndImaginaryState",
+    "galore", "GaLoreDimensionNumbers", "GaLoreState", "scale_by_galore",
+    "differentially_private_aggregate", "DifferentiallyPrivateAggregateState", "dpsgd",
+    "reduce_on_plateau", "ReduceLROnPlateauState",
+    "normalize", "NormalizeState", "sam", "SAMState",
+    "schedule_free", "schedule_free_adamw", "schedule_free_eval_params", "schedule_free_sgd",
+    "ScheduleFreeState",
+    "hutchinson_estimator_diag_hessian", "HutchinsonState", "sophia", "SophiaState",
     "BlockLayout", "block_layout", "ShampooState", "scale_by_shampoo", "shampoo",
     "SoapState", "scale_by_soap", "soap",
 ]
