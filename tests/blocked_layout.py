@@ -12,6 +12,7 @@ import faulthandler
 import warnings
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import numpy as np
@@ -50,6 +51,48 @@ def exit_after(seconds: float):
 
 def _is_entry(x) -> bool:
   return isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], P)
+
+
+# Hand-checkable sizes for the NumPy references of tests/test_shampoo.py and
+# tests/test_soap.py: blocks of (2, 3) and (2, 2, 2) with block_size=3.
+SHAPES = {"w": (4, 6), "t": (2, 4, 4), "v": (4,), "s": ()}
+STEPS = 10
+
+
+def params_and_grads(seed: int = 0):
+  """Float32 params of SHAPES and STEPS gradients, from a NumPy generator."""
+  rng = np.random.default_rng(seed)
+  params = {k: rng.standard_normal(s).astype(np.float32) for k, s in SHAPES.items()}
+  grads = [{k: rng.standard_normal(s).astype(np.float32) for k, s in SHAPES.items()}
+           for _ in range(STEPS)]
+  return params, grads
+
+
+def mode_product(x, m, i):
+  """x x_i m: multiplies dimension i of x by the matrix m."""
+  return np.moveaxis(np.tensordot(m, x, axes=(1, i)), 0, i)
+
+
+def run_steps(tx, params, grads):
+  """The updates of ``tx`` (update jitted) at each step of ``grads``."""
+  state, params = tx.init(params), jax.tree.map(jnp.asarray, params)
+  update = jax.jit(tx.update)
+  history = []
+  for g in grads:
+    updates, state = update(g, state, params)
+    params = shardopt.apply_updates(params, updates)
+    history.append(updates)
+  return history
+
+
+def assert_steps_close(got, want, rtol):
+  """Each step's updates within ``rtol`` of the reference's, relative to the
+  element or to the largest magnitude of its leaf at that step."""
+  for step, (g, w) in enumerate(zip(got, want), start=1):
+    for k in w:
+      scale = float(np.max(np.abs(w[k]), initial=0.0))
+      np.testing.assert_allclose(np.asarray(g[k]), w[k], rtol=rtol,
+                                 atol=rtol * scale, err_msg=f"step {step} {k}")
 
 
 def mesh():

@@ -18,26 +18,10 @@ import pytest
 import shardopt
 from tests import blocked_layout
 
-SHAPES = {"w": (4, 6), "t": (2, 4, 4), "v": (4,), "s": ()}
-STEPS = 10
-
-
-def _params_and_grads(seed: int = 0):
-  rng = np.random.default_rng(seed)
-  params = {k: rng.standard_normal(s).astype(np.float32) for k, s in SHAPES.items()}
-  grads = [{k: rng.standard_normal(s).astype(np.float32) for k, s in SHAPES.items()}
-           for _ in range(STEPS)]
-  return params, grads
-
 
 def _inverse_root(a, p, eps):
   values, vectors = np.linalg.eigh(a + eps * np.eye(len(a)))
   return (vectors * values ** (-1.0 / p)) @ vectors.T
-
-
-def _mode_product(x, m, i):
-  """x x_i m: multiplies dimension i of x by the matrix m."""
-  return np.moveaxis(np.tensordot(m, x, axes=(1, i)), 0, i)
 
 
 def _graft(g, acc, t, hp):
@@ -78,7 +62,7 @@ def _reference(params, grads, block, hp):
               pre[key] = _inverse_root(stats[key], 2 * g.ndim, hp["eps"])
           x = blk
           for i in range(g.ndim):
-            x = _mode_product(x, pre.get((k, idx, i), np.eye(b[i])), i)
+            x = blocked_layout.mode_product(x, pre.get((k, idx, i), np.eye(b[i])), i)
           if hp["grafting"] != "none":
             x = x * np.linalg.norm(direction[sl]) / np.linalg.norm(x)
           out[sl] = x
@@ -91,25 +75,6 @@ def _reference(params, grads, block, hp):
       params[k] = params[k] + updates[k]
     history.append(updates)
   return history
-
-
-def _ours(tx, params, grads):
-  state, params = tx.init(params), jax.tree.map(jnp.asarray, params)
-  update = jax.jit(tx.update)
-  history = []
-  for g in grads:
-    updates, state = update(g, state, params)
-    params = shardopt.apply_updates(params, updates)
-    history.append(updates)
-  return history
-
-
-def _assert_close(got, want, rtol):
-  for step, (g, w) in enumerate(zip(got, want), start=1):
-    for k in w:
-      scale = float(np.max(np.abs(w[k]), initial=0.0))
-      np.testing.assert_allclose(np.asarray(g[k]), w[k], rtol=rtol,
-                                 atol=rtol * scale, err_msg=f"step {step} {k}")
 
 
 CASES = {  # name -> hyperparameters of both; refreshes at start + 3 j
@@ -145,22 +110,23 @@ def _fail_on_hang():
 @pytest.mark.parametrize("case", list(CASES))
 def test_matches_numpy_reference(case):
   hp = _hyperparameters(case)
-  params, grads = _params_and_grads()
-  _assert_close(_ours(_shampoo(hp), params, grads),
+  params, grads = blocked_layout.params_and_grads()
+  blocked_layout.assert_steps_close(blocked_layout.run_steps(_shampoo(hp), params, grads),
                 _reference(params, grads, _BLOCKS, hp), rtol=1e-4)
 
 
 def test_newton_inverse_root_matches_reference():
   """The coupled Newton iteration (40 iterations) reaches the same roots."""
   hp = _hyperparameters("rmsprop")
-  params, grads = _params_and_grads()
-  _assert_close(_ours(_shampoo(hp, "newton"), params, grads),
+  params, grads = blocked_layout.params_and_grads()
+  blocked_layout.assert_steps_close(blocked_layout.run_steps(_shampoo(hp, "newton"), params, grads),
                 _reference(params, grads, _BLOCKS, hp), rtol=1e-4)
 
 
 def test_block_layout_is_stated():
   layout = shardopt.contrib.block_layout(
-      {k: jax.ShapeDtypeStruct(s, jnp.float32) for k, s in SHAPES.items()},
+      {k: jax.ShapeDtypeStruct(s, jnp.float32) for k, s in
+       blocked_layout.SHAPES.items()},
       block_size=3, max_shards=1)
   assert str(layout["w"]) == "(4, 6): 2 x 2 blocks of 2 x 3"
   assert str(layout["t"]) == "(2, 4, 4): 1 x 2 x 2 blocks of 2 x 2 x 2"
