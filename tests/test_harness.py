@@ -12,10 +12,17 @@
     itself, but not of its leaf); the few entries that need a looser bound
     have it, with the reason, in SHARDED_STEP_TOLERANCE.
 
+(d) with ZeRO over 'data' on that mesh, params replicated over 'data': the
+    state's bytes on the most loaded device (from its shards) are at most
+    0.55x those without ZeRO for every entry whose state holds an array at
+    least as large as a param, and every leaf >= min_shard_bytes that ZeRO
+    left unsharded is listed in the plan with its reason and warned about.
+
 Known failures are listed, each with the exception it raises and its reason,
 in EXCEPTIONS only; they run as strict xfails of exactly that exception, so an
 exception that no longer fails, or fails otherwise, is reported. An entry that
-is not a transformation (``Entry.transformation``) is checked by (b) only.
+is not a transformation (``Entry.transformation``) is checked by (b) and (d)
+only.
 """
 
 import importlib.util
@@ -36,29 +43,34 @@ from tests import catalogue
 from tests import oracle
 
 # (label, check) -> (the exception the check raises for that entry, why);
-# check is one of "optax", "sharding", "sharded_step".
+# check is one of "optax", "sharding", "sharded_step", "zero".
 _OPTAX_SM3_SCALARS = (
     "optax's SM3 raises IndexError on a scalar param (its per-axis covers of "
     "a 0-d param are an empty list) and oracle.mixed_tree() has one; "
     "tests/test_sm3.py compares with optax on that tree with the scalar as a "
     "(1,) vector")
-EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("scale_by_sm3", "optax"): (IndexError, _OPTAX_SM3_SCALARS),
-    ("sm3", "optax"): (IndexError, _OPTAX_SM3_SCALARS),
-    ("flatten", "sharding"): (AssertionError,
-        "flatten concatenates every param into one vector, so the inner "
-        "state is laid out for that vector, not for any param: replicated. "
-        "That is what flatten is (its docstring says to use it for small, "
 _PER_EXAMPLE = (
     "its updates are per-example gradients (the batch on axis 0 of every "
     "leaf); the harness's gradients of oracle.mixed_tree share no batch "
     "axis, so per_example_global_norm_clip raises ValueError; "
     "tests/test_contrib_privacy.py proves it against optax on per-example "
     "gradients, and sharded over the batch equal to unsharded")
-        "unsharded trees); tests/test_flatten.py proves it against optax"),
+EXCEPTIONS: dict[tuple[str, str], str] = {
     **{(f"contrib.{name}", check): (ValueError, _PER_EXAMPLE)
        for name in ("differentially_private_aggregate", "dpsgd")
        for check in ("optax", "sharded_step")},
+    ("scale_by_sm3", "optax"): (IndexError, _OPTAX_SM3_SCALARS),
+    ("sm3", "optax"): (IndexError, _OPTAX_SM3_SCALARS),
+    ("flatten", "sharding"): (AssertionError,
+        "flatten concatenates every param into one vector, so the inner "
+        "state is laid out for that vector, not for any param: replicated. "
+        "That is what flatten is (its docstring says to use it for small, "
+        "unsharded trees); tests/test_flatten.py proves it against optax"),
+    ("flatten", "zero"): (AssertionError,
+        "flatten's state is one vector of all 16449 param elements: an odd "
+        "length, so no dimension divides over 'data' and ZeRO cannot split "
+        "it; the plan lists it with that reason and warns (checked by "
+        "test_zero_lists_every_large_leaf_it_leaves_out)"),
 }
 
 # label -> (bound of check (c), why it is looser than 1e-6).
@@ -77,7 +89,7 @@ _SHARDED_STEPS = 3
 def _cases(check, entries=catalogue.ENTRIES):
   cases = []
   for entry in entries:
-    if check != "sharding" and not entry.transformation:
+    if check not in ("sharding", "zero", "zero_reasons") and not entry.transformation:
       continue
     raises, reason = EXCEPTIONS.get((entry.label, check), (None, ""))
     marks = ([pytest.mark.xfail(strict=True, raises=raises, reason=reason)]
@@ -248,6 +260,81 @@ def _assert_close_to_leaf_scale(got, want, tol=1e-6):
     scale = float(np.max(np.abs(w), initial=0.0)) if w.dtype.kind == "f" else 0
     np.testing.assert_allclose(g, w, rtol=tol, atol=tol * scale,
                                err_msg=jax.tree_util.keystr(path))
+
+
+# --- (d) ZeRO over 'data' on the (2, 4) mesh --------------------------------
+
+# Params replicated over 'data', two of them >= min_shard_bytes (32 KiB each).
+_ZERO_LAYOUT = {
+    "w": ((128, 64), P(None, "model")),
+    "b": ((64,), P("model")),
+    "k": ((4, 32, 64), P(None, None, "model")),
+    "s": ((), P()),
+}
+_ZERO_RATIO = 0.55  # per-device state bytes with ZeRO / without, at most
+_PARAM_SIZED = 128 * 64  # elements of the smallest param ZeRO may split
+
+
+def _zero_plans(tx):
+  """(params, shardings, plan without ZeRO, plan with ZeRO over 'data')."""
+  mesh = _mesh()
+  params = {k: jax.random.normal(jax.random.PRNGKey(i), s) for i, (k, (s, _))
+            in enumerate(_ZERO_LAYOUT.items())}
+  shardings = {k: NamedSharding(mesh, spec) for k, (_, spec) in
+               _ZERO_LAYOUT.items()}
+  params = jax.device_put(params, shardings)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", shardopt.ReplicatedStateWarning)
+    plain = shardopt.plan_state_shardings(tx, params, shardings)
+    zero = shardopt.plan_state_shardings(tx, params, shardings,
+                                         shard_state_over="data")
+  return params, shardings, plain, zero
+
+
+def _held_bytes(tx, params, shardings, plan) -> int:
+  """Bytes of the state on the most loaded device, from its shards."""
+  state = shardopt.sharded_init(tx, shardings, plan.shardings)(params)
+  held = {}
+  for leaf in jax.tree.leaves(state):
+    for shard in leaf.addressable_shards:
+      held[shard.device] = held.get(shard.device, 0) + shard.data.nbytes
+  return max(held.values(), default=0)
+
+
+@pytest.mark.parametrize("entry", _cases("zero"))
+def test_zero_shrinks_param_sized_state(entry):
+  tx = _build(entry)
+  params, shardings, plain, zero = _zero_plans(tx)
+  without = plain.bytes_per_device  # == the resident bytes (test_step.py)
+  with_zero = _held_bytes(tx, params, shardings, zero)
+  assert with_zero == zero.bytes_per_device
+  if any(np.prod(l.shape) >= _PARAM_SIZED for l in plain.leaves):
+    assert with_zero <= _ZERO_RATIO * without, f"{with_zero} / {without}\n{zero}"
+  else:
+    assert with_zero <= without
+
+
+@pytest.mark.parametrize("entry", _cases("zero_reasons"))
+def test_zero_lists_every_large_leaf_it_leaves_out(entry):
+  """No leaf >= min_shard_bytes is left unsharded over 'data' without a
+  reason in the plan and a warning naming it."""
+  tx = _build(entry)
+  _, shardings, _, zero = _zero_plans(tx)
+  skipped = {l.path for l in zero.zero_skipped}
+  for leaf in zero.leaves:
+    nbytes = int(np.prod(leaf.shape)) * leaf.dtype.itemsize
+    if not leaf.shape or nbytes < zero.min_shard_bytes:
+      assert not leaf.zero.startswith("dim "), leaf
+    elif "data" not in str(leaf.spec):
+      assert leaf.path in skipped and leaf.zero.startswith("not sharded: ")
+  with warnings.catch_warnings(record=True) as record:
+    warnings.simplefilter("always", shardopt.ReplicatedStateWarning)
+    shardopt.state_shardings(tx, jax.tree.map(
+        lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype), _zero_plans(tx)[0]),
+        shardings, shard_state_over="data")
+  warned = " ".join(str(w.message) for w in record
+                    if "shard_state_over" in str(w.message))
+  assert all(path in warned for path in skipped)
 
 
 # --- the catalogue itself ---------------------------------------------------
