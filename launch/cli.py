@@ -73,6 +73,9 @@ def _add_optimizer(p) -> None:
 def _add_model_and_data(p) -> None:
   g = p.add_argument_group("model and data")
   g.add_argument("--layers", type=int, default=2)
+  g.add_argument("--scan-layers", action="store_true",
+                 help="run the layers under nn.scan: params stacked under layers/ with a"
+                 " leading layer dimension (the stacked partition rules)")
   g.add_argument("--d-model", type=int, default=64)
   g.add_argument("--heads", type=int, default=4)
   g.add_argument("--head-dim", type=int, default=16)

@@ -74,14 +74,16 @@ def _say(*lines) -> None:
 
 def _model(args) -> Transformer:
   return Transformer(ModelConfig(layers=args.layers, d_model=args.d_model,
-                                 heads=args.heads, head_dim=args.head_dim, mlp=args.mlp))
+                                 heads=args.heads, head_dim=args.head_dim, mlp=args.mlp,
+                                 scan_layers=args.scan_layers))
 
 
 def _layout(args, mesh, model, tx):
   """Abstract sharded params, their specs, and the sharded optimizer."""
   tokens = jax.ShapeDtypeStruct((1, args.seq_len - 1), jnp.int32)
   shapes = jax.eval_shape(model.init, jax.random.key(0), tokens)["params"]
-  rules = partitioning.decoder_rules(args.rules, fsdp_axis="data", model_axis="model")
+  rules = partitioning.decoder_rules(args.rules, fsdp_axis="data", model_axis="model",
+                                     stacked=args.scan_layers)
   specs = partitioning.match_partition_rules(rules, shapes)
   partitioning.validate_specs(shapes, specs, mesh)
   abstract = partitioning.abstract_params(shapes, partitioning.named_shardings(mesh, specs))

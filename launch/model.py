@@ -11,6 +11,11 @@ Parameter paths follow the names the partition-rule presets expect::
 
 There are no biases and no position parameters (positions are sinusoidal), so
 every parameter is covered by the presets.
+
+With ``scan_layers`` the blocks run under ``nn.scan``: one compiled block,
+its params stacked once under ``layers/`` with a leading layer dimension
+(``layers/attn/query/kernel`` is (layers, d_model, heads, head_dim)), the
+layout of ``partitioning.decoder_rules(..., stacked=True)``.
 """
 
 import dataclasses
@@ -30,6 +35,7 @@ class ModelConfig:
   head_dim: int = 16
   mlp: int = 256
   layers: int = 2
+  scan_layers: bool = False
 
 
 def _sinusoids(length: int, width: int) -> jax.Array:
@@ -68,11 +74,13 @@ class Mlp(nn.Module):
 
 class Block(nn.Module):
   cfg: ModelConfig
+  scanned: bool = False  # nn.scan's signature: (x, _) -> (x, None)
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, _=None):
     x = x + Attention(self.cfg, name="attn")(nn.RMSNorm(name="ln_1")(x))
-    return x + Mlp(self.cfg, name="mlp")(nn.RMSNorm(name="ln_2")(x))
+    x = x + Mlp(self.cfg, name="mlp")(nn.RMSNorm(name="ln_2")(x))
+    return (x, None) if self.scanned else x
 
 
 class Transformer(nn.Module):
@@ -85,8 +93,13 @@ class Transformer(nn.Module):
     cfg = self.cfg
     x = nn.Embed(cfg.vocab, cfg.d_model, name="embed")(tokens)
     x = x + _sinusoids(tokens.shape[1], cfg.d_model)[None]
-    for i in range(cfg.layers):
-      x = Block(cfg, name=f"layers_{i}")(x)
+    if cfg.scan_layers:
+      stack = nn.scan(Block, variable_axes={"params": 0},
+                      split_rngs={"params": True}, length=cfg.layers)
+      x, _ = stack(cfg, scanned=True, name="layers")(x, None)
+    else:
+      for i in range(cfg.layers):
+        x = Block(cfg, name=f"layers_{i}")(x)
     x = nn.RMSNorm(name="ln_f")(x)
     return nn.Dense(cfg.vocab, use_bias=False, name="lm_head")(x)
 

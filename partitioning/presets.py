@@ -18,6 +18,19 @@ Presets:
     attention, the mlp dimension, and the vocab of embedding and lm_head.
   'fsdp_tp': both at once, so matrices are split over fsdp x model devices.
 Norm scales and biases stay replicated (they are tiny).
+
+Stacked (scanned) layers, ``stacked=True``: the layout maxtext and levanter
+use to compile a deep model once per layer kind. Every per-layer param lives
+once under ``layers/`` with a leading layer dimension of size L::
+
+  layers/attn/{query,key,value}/kernel (L, d_model, heads, head_dim)
+  layers/attn/out/kernel              (L, heads, head_dim, d_model)
+  layers/mlp/wi/kernel, layers/mlp/wo/kernel  (L, d_model, mlp), (L, mlp, d_model)
+  layers/ln_{1,2}/scale               (L, d_model)
+
+The layer dimension is never sharded (the scan slices it); the others are
+sharded as in the unstacked preset. A stacked norm scale is L times larger,
+so under the fsdp presets its d_model dimension is split over the fsdp axis.
 """
 
 from typing import Any
@@ -42,6 +55,8 @@ _DECODER_LAYOUT = (
     (r"lm_head/kernel$", 2, 0, 1),
 )
 _REPLICATED = ((r"(ln_\w+|norm\w*)/scale$", PartitionSpec()), (r"bias$", PartitionSpec()))
+_STACKED = r"(^|/)layers/(.*/)?"  # per-layer params under one 'layers' node
+_STACKED_SCALE = _STACKED + r"(ln_\w+|norm\w*)/scale$"
 
 
 def decoder_rules(
@@ -49,20 +64,38 @@ def decoder_rules(
     *,
     fsdp_axis: str | tuple[str, ...] = "fsdp",
     model_axis: str | tuple[str, ...] = "model",
+    stacked: bool = False,
 ) -> list[tuple[str, PartitionSpec]]:
-  """The rules of one preset (see the module docstring) for the named mesh axes."""
+  """The rules of one preset (see the module docstring) for the named mesh axes.
+
+  Args:
+    preset: one of ``DECODER_PRESETS``.
+    fsdp_axis: mesh axis (or axes) that splits d_model under fsdp presets.
+    model_axis: mesh axis (or axes) of tensor parallelism under tp presets.
+    stacked: per-layer params are stacked under ``layers/`` with a leading
+      layer dimension (scanned layers), which stays unsharded.
+
+  Returns:
+    ``(regex, PartitionSpec)`` pairs, first match wins.
+  """
   if preset not in DECODER_PRESETS:
     raise PartitionError(f"Unknown preset {preset!r}: choose one of {DECODER_PRESETS}.")
   if preset == "replicated":
     return [(".*", PartitionSpec())]
+  fsdp = preset in ("fsdp", "fsdp_tp")
   rules = []
   for pattern, rank, embed_dim, tp_dim in _DECODER_LAYOUT:
     entries = [None] * rank
-    if preset in ("fsdp", "fsdp_tp"):
+    if fsdp:
       entries[embed_dim] = fsdp_axis
     if preset in ("tp", "fsdp_tp"):
       entries[tp_dim] = model_axis
-    rules.append((pattern, PartitionSpec(*entries)))
+    if stacked and pattern.startswith(("attn", "mlp")):
+      rules.append((_STACKED + pattern, PartitionSpec(None, *entries)))
+    else:
+      rules.append((pattern, PartitionSpec(*entries)))
+  if stacked:
+    rules.insert(0, (_STACKED_SCALE, PartitionSpec(None, fsdp_axis if fsdp else None)))
   return rules + list(_REPLICATED)
 
 
@@ -75,30 +108,40 @@ def decoder_param_shapes(
     *,
     head_dim: int | None = None,
     gated_mlp: bool = False,
+    kv_heads: int | None = None,
+    stacked: bool = False,
     dtype: Any = jnp.float32,
 ) -> dict:
   """The param tree (of ShapeDtypeStruct) of an untied decoder-only transformer.
 
   ``gated_mlp`` gives two input projections wi_0, wi_1 (LLaMA-style), so
   ``decoder_param_shapes(32000, 4096, 32, 11008, 32, gated_mlp=True)`` has the
-  6.74e9 params of LLaMA-7B.
+  6.74e9 params of LLaMA-7B. ``kv_heads`` (grouped-query attention) gives key
+  and value ``kv_heads`` heads: ``decoder_param_shapes(32000, 8192, 80, 28672,
+  64, gated_mlp=True, kv_heads=8)`` has the 6.90e10 params of LLaMA-2-70B.
+  ``stacked`` puts every per-layer param once under ``layers`` with a
+  leading layer dimension (scanned layers) instead of ``layers_N`` subtrees.
   """
   head_dim = head_dim or d_model // heads
+  kv_heads = kv_heads or heads
+  lead = (layers,) if stacked else ()
   sds = lambda *shape: jax.ShapeDtypeStruct(shape, dtype)
-  kernel = lambda *shape: {"kernel": sds(*shape)}
+  kernel = lambda *shape: {"kernel": sds(*lead, *shape)}
   wi = {"wi_0": kernel(d_model, mlp), "wi_1": kernel(d_model, mlp)} if gated_mlp else {"wi": kernel(d_model, mlp)}
   layer = lambda: {
       "attn": {
-          **{n: kernel(d_model, heads, head_dim) for n in ("query", "key", "value")},
+          "query": kernel(d_model, heads, head_dim),
+          **{n: kernel(d_model, kv_heads, head_dim) for n in ("key", "value")},
           "out": kernel(heads, head_dim, d_model),
       },
       "mlp": {**wi, "wo": kernel(mlp, d_model)},
-      "ln_1": {"scale": sds(d_model)},
-      "ln_2": {"scale": sds(d_model)},
+      "ln_1": {"scale": sds(*lead, d_model)},
+      "ln_2": {"scale": sds(*lead, d_model)},
   }
+  per_layer = {"layers": layer()} if stacked else {f"layers_{i}": layer() for i in range(layers)}
   return {
       "embed": {"embedding": sds(vocab, d_model)},
-      **{f"layers_{i}": layer() for i in range(layers)},
+      **per_layer,
       "ln_f": {"scale": sds(d_model)},
-      "lm_head": kernel(d_model, vocab),
+      "lm_head": {"kernel": sds(d_model, vocab)},
   }
