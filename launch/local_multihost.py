@@ -18,6 +18,7 @@ and exits 0.
 
 import argparse
 import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -26,6 +27,7 @@ import threading
 import time
 
 from launch import cli
+from launch import run_folder
 
 __all__ = ["free_port", "main", "parse_args", "process_commands", "run_processes"]
 
@@ -129,12 +131,28 @@ def parse_args(argv=None) -> argparse.Namespace:
   return _parser().parse_args(argv)
 
 
+def _default_out(job_args: list[str]) -> str:
+  """The run folder every process shares when --out is not given: with
+  --resume the newest one holding a checkpoint (``--resume auto``: else a new
+  one), otherwise a new name unique to this launcher (the job creates it)."""
+  fresh = str(run_folder.new_name(tag=str(os.getpid())))
+  if "--resume" not in job_args:
+    return fresh
+  try:
+    return str(run_folder.newest_resumable())
+  except cli.UsageError:
+    at = job_args.index("--resume") + 1
+    if job_args[at:at + 1] == ["auto"]:
+      return fresh
+    raise
+
+
 def _job_args(args: argparse.Namespace) -> list[str]:
   """The arguments after --; for the main job, one --out shared by every process."""
   job_args = args.job_args[1:] if args.job_args[:1] == ["--"] else args.job_args
   names_out = any(a == "--out" or a.startswith("--out=") for a in job_args)
   if args.module == "launch.train" and not names_out:
-    job_args = [*job_args, "--out", cli.default_out("--resume" in job_args)]
+    job_args = [*job_args, "--out", _default_out(job_args)]
   return job_args
 
 
@@ -151,7 +169,11 @@ def process_commands(args: argparse.Namespace, port: int) -> list[list[str]]:
 
 def main(argv=None) -> int:
   args = parse_args(argv)
-  commands = process_commands(args, args.port or free_port())
+  try:
+    commands = process_commands(args, args.port or free_port())
+  except cli.UsageError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   return run_processes(commands, timeout=args.timeout, grace=args.grace)
 
 

@@ -6,6 +6,7 @@ optimizer and the learning-rate schedule (``--schedule-steps``, its horizon,
 included) define the run. The flags in ``MAY_CHANGE`` only say where and how
 the run is laid out, saved and reported (the mesh, the process count, ...), or
 how far it goes (``--steps``), and are printed when they differ.
+(``--skip-nonfinite`` wraps the optimizer, so its state, and must match.)
 """
 
 import argparse
@@ -17,7 +18,7 @@ __all__ = ["MAY_CHANGE", "compare", "config_of", "describe_changes"]
 
 MAY_CHANGE = frozenset({
     "steps", "mesh", "rules", "zero", "out", "checkpoint_dir", "checkpoint_every",
-    "keep_checkpoints", "log_every", "resume", "debug", "skip_nonfinite", "cpu_devices",
+    "keep_checkpoints", "log_every", "resume", "debug", "cpu_devices",
     "coordinator", "num_processes", "process_id", "auto_distributed", "init_timeout",
     "heartbeat_timeout", "process_count", "device_count",
 })

@@ -30,7 +30,8 @@ def as_usage_error(flags: str):
   except UsageError:
     raise
   except ValueError as e:
-    raise UsageError(f"{flags}: {' '.join(str(e).split())}") from e
+    message = " ".join(str(e).split())
+    raise UsageError(message if message.startswith("--") else f"{flags}: {message}") from e
 
 
 def checked_mesh(args) -> jax.sharding.Mesh:

@@ -25,17 +25,22 @@ def child_env() -> dict:
   return env
 
 
-def start(args: list[str], log: pathlib.Path) -> subprocess.Popen:
-  """``python -m <args>`` from the repository root, stdout to ``log`` and
-  stderr to ``log`` + ".stderr" (apart, so C++ logging cannot split a line)."""
+def start(args: list[str], log: pathlib.Path, cwd: pathlib.Path = ROOT,
+          user: int | None = None) -> subprocess.Popen:
+  """``python -m <args>`` in ``cwd`` (default the repository root; as ``user``
+  if given), stdout to ``log`` and stderr to ``log`` + ".stderr" (apart, so
+  C++ logging cannot split a line)."""
+  env = child_env()
+  env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
   with open(log, "w") as out, open(f"{log}.stderr", "w") as err:
-    return subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, env=child_env(),
+    return subprocess.Popen([sys.executable, "-m", *args], cwd=cwd, env=env, user=user,
                             stdout=out, stderr=err, start_new_session=True)
 
 
-def run(args: list[str], log: pathlib.Path, timeout: float) -> int:
+def run(args: list[str], log: pathlib.Path, timeout: float, cwd: pathlib.Path = ROOT,
+        user: int | None = None) -> int:
   """Runs ``python -m <args>`` to completion (killed after ``timeout``)."""
-  proc = start(args, log)
+  proc = start(args, log, cwd, user)
   try:
     return proc.wait(timeout=timeout)
   finally:

@@ -16,9 +16,12 @@ def test_help_lists_the_options(tmp_path):
     assert flag in text
 
 
-def test_unknown_hyperparameter_names_the_optimizer(tmp_path):
-  with pytest.raises(ValueError, match="sgd: does not take b2"):
-    h.run_in_process(tmp_path, "--optimizer", "sgd", "--b2", "0.9")
+def test_unknown_hyperparameter_names_the_optimizer(tmp_path, capsys):
+  from launch import train
+  assert train.main([*h.TINY, "--cpu-devices", "0", "--out", str(tmp_path / "run"),
+                     "--optimizer", "sgd", "--b2", "0.9"]) == 2
+  assert "error: --optimizer sgd: does not take b2" in capsys.readouterr().err
+  assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow
@@ -49,14 +52,20 @@ def test_sigterm_saves_and_resume_matches_uninterrupted_run(tmp_path):
 
 
 def test_default_out_is_a_new_run_folder_and_resume_takes_the_newest(tmp_path, monkeypatch):
-  from launch import cli
+  from launch import cli, run_folder
   monkeypatch.chdir(tmp_path)
   fresh = cli.parse_args([])
+  assert fresh.out is None and fresh.checkpoint_dir is None  # decided once all checks pass
+  assert run_folder.prepare(fresh) == (False, None)
   assert fresh.out.startswith("runs/lm-") and fresh.checkpoint_dir == f"{fresh.out}/checkpoints"
-  for name in ("lm-20260101-000000", "lm-20260102-000000"):
+  for name in ("lm-20260101-000000", "lm-20260102-000000", "lm-20260103-000000"):
     (tmp_path / "runs" / name).mkdir(parents=True)
-  assert cli.parse_args(["--resume"]).out == "runs/lm-20260102-000000"
-  with pytest.raises(SystemExit, match="needs --out"):
+  for name in ("lm-20260101-000000", "lm-20260102-000000"):  # the newest has no checkpoint
+    (tmp_path / "runs" / name / "checkpoints" / "10").mkdir(parents=True)
+  resumed = cli.parse_args(["--resume"])
+  assert run_folder.prepare(resumed) == (True, None)
+  assert resumed.out == "runs/lm-20260102-000000"
+  with pytest.raises(cli.UsageError, match="needs --out"):
     cli.parse_args(["--num-processes", "2"])
 
 

@@ -6,6 +6,8 @@
 # worker (or pass REPO_URL to clone it) with `pip install -e .` and jax[tpu].
 # jax.distributed.initialize() auto-detects the TPU workers (--auto-distributed),
 # so no coordinator address is needed. Extra arguments go to launch.train.
+# Running the script again continues the run: --resume auto resumes from the
+# newest valid checkpoint under $OUT, or starts fresh (one line says so).
 #
 #   TPU_NAME=my-pod ZONE=us-central2-b ./launch/scripts/tpu_pod.sh --mesh data=-1,model=4 --steps 2000
 set -euo pipefail
@@ -21,4 +23,4 @@ fi
 
 gcloud compute tpus tpu-vm ssh "${TPU_NAME}" --zone "${ZONE}" --worker=all --command "
   ${setup} cd ${REPO_DIR} && python3 -m launch.train --auto-distributed --cpu-devices 0 \
-    --out /tmp/shardopt-run --checkpoint-dir ${OUT}/checkpoints $(printf '%q ' "$@")"
+    --out /tmp/shardopt-run --checkpoint-dir ${OUT}/checkpoints --resume auto $(printf '%q ' "$@")"

@@ -1,0 +1,381 @@
+"""Bad inputs and faults of the training job: the exit code, a message naming
+the culprit, and what is kept (hashes of every file before and after).
+
+Every case runs ``python -m launch.train`` (or the local launcher) in a
+subprocess, as a user would. Cases that need a trained run copy one small run
+(4 adam steps, checkpoints at steps 2 and 4) trained once in this process.
+docs/failure-modes.md lists the same cases as a table.
+"""
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import pathlib
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import time
+
+import pytest
+
+from launch import report
+from launch import run_folder
+from tests import launch_helpers as h
+
+# The trained run's flags; a resume that repeats them may change only what
+# run_config.MAY_CHANGE allows. A cosine schedule whose horizon (8) is kept
+# apart from --steps, so runs may be extended to 8 steps.
+UNKEPT_HORIZON = [*h.TINY, "--optimizer", "adam", "--schedule", "cosine",
+                  "--checkpoint-every", "2", "--keep-checkpoints", "100"]
+RUN = [*UNKEPT_HORIZON, "--schedule-steps", "8"]
+TIMEOUT = 240
+
+
+@dataclasses.dataclass
+class Result:
+  code: int
+  out: str
+  err: str
+
+
+def job(log_dir: pathlib.Path, *args: str, module: str = "launch.train",
+        cwd: pathlib.Path = h.ROOT, user: int | None = None) -> Result:
+  log = log_dir / f"log-{time.monotonic_ns()}"
+  code = h.run([module, *args], log, TIMEOUT, cwd=cwd, user=user)
+  return Result(code, log.read_text(), pathlib.Path(f"{log}.stderr").read_text())
+
+
+def usage_error(result: Result, *culprits: str) -> None:
+  """Exit 2, one ``error:`` line on stderr naming every culprit, no traceback."""
+  assert result.code == 2, (result.code, result.err[-2000:])
+  lines = result.err.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: "), result.err[-2000:]
+  for culprit in culprits:
+    assert culprit in lines[0], (culprit, lines[0])
+
+
+def hashes(folder: pathlib.Path) -> dict[str, str]:
+  """sha256 of every file under ``folder`` by relative path."""
+  return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+          for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def step_files(folder: pathlib.Path, steps) -> dict[str, str]:
+  """The hashes of the checkpoint files of ``steps``."""
+  prefixes = tuple(f"checkpoints/{s}/" for s in steps)
+  return {k: v for k, v in hashes(folder).items() if k.startswith(prefixes)}
+
+
+def records(folder: pathlib.Path) -> list[dict]:
+  """metrics.jsonl parsed as strict JSON (NaN or Infinity fail)."""
+  def refuse(constant):
+    raise AssertionError(f"non-strict JSON constant {constant} in metrics.jsonl")
+  text = (folder / "metrics.jsonl").read_text()
+  return [json.loads(line, parse_constant=refuse) for line in text.splitlines()]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> pathlib.Path:
+  out = tmp_path_factory.mktemp("trained") / "run"
+  h.run_in_process(out, *RUN[len(h.TINY):], "--steps", "4")
+  assert h.checkpoint_steps(out / "checkpoints") == [2, 4]
+  return out
+
+
+@pytest.fixture
+def run(trained, tmp_path) -> pathlib.Path:
+  """A private copy of the trained run."""
+  return pathlib.Path(shutil.copytree(trained, tmp_path / "run"))
+
+
+# Bad arguments: exit 2 before anything is created ---------------------------
+
+ARGUMENT_CASES = [  # (id, arguments, what the message must name)
+    ("lr_nan", ["--lr", "nan"], ["--lr nan"]),
+    ("lr_negative", ["--lr", "-1"], ["--lr -1"]),
+    ("lr_zero", ["--lr", "0"], ["--lr 0"]),
+    ("lr_inf", ["--lr", "inf"], ["--lr inf"]),
+    ("lr_not_a_number", ["--lr", "fast"], ["--lr", "fast"]),
+    ("steps_zero", ["--steps", "0"], ["--steps 0"]),
+    ("batch_zero", ["--batch", "0"], ["--batch 0"]),
+    ("seq_len_one", ["--seq-len", "1"], ["--seq-len 1"]),
+    ("warmup_negative", ["--warmup-steps", "-1"], ["--warmup-steps -1"]),
+    ("clip_norm_nan", ["--clip-norm", "nan"], ["--clip-norm nan"]),
+    ("keep_no_checkpoints", ["--keep-checkpoints", "0"], ["--keep-checkpoints 0"]),
+    ("log_every_zero", ["--log-every", "0"], ["--log-every 0"]),
+    ("opt_not_name_number", ["--opt", "decay"], ["--opt", "decay"]),
+    ("opt_nan", ["--opt", "decay_rate=nan"], ["--opt decay_rate=nan"]),
+    ("b2_inf", ["--b2", "inf"], ["--b2 inf"]),
+    ("unknown_flag", ["--learning-rate", "0.1"], ["--learning-rate"]),
+    ("resume_bad_mode", ["--resume", "yes"], ["--resume", "yes"]),
+    ("several_processes_without_out", ["--num-processes", "2"], ["--out"]),
+    # checked once jax knows the devices, still before anything is created:
+    ("batch_not_divisible", ["--batch", "3"], ["--batch 3", "data=4"]),
+    ("mesh_not_device_count", ["--mesh", "data=2,model=3"], ["--mesh data=2,model=3", "8"]),
+    ("mesh_unknown_axis", ["--mesh", "batch=4,model=2"], ["--mesh batch=4,model=2", "data"]),
+    ("mesh_syntax", ["--mesh", "data:4"], ["--mesh data:4"]),
+    ("heads_not_divisible", ["--heads", "3"], ["--mesh", "attn/query/kernel", "size 3"]),
+    ("unknown_optimizer", ["--optimizer", "adamm"], ["--optimizer 'adamm'"]),
+    ("optimizer_keyword", ["--optimizer", "sgd", "--b2", "0.9"], ["--optimizer sgd", "b2"]),
+]
+
+
+@pytest.mark.parametrize("args,culprits", [c[1:] for c in ARGUMENT_CASES],
+                         ids=[c[0] for c in ARGUMENT_CASES])
+def test_bad_argument_creates_nothing(tmp_path, args, culprits):
+  work = tmp_path / "work"
+  work.mkdir()
+  usage_error(job(tmp_path, *h.TINY, "--steps", "2", *args, cwd=work), *culprits)
+  assert list(work.iterdir()) == []  # no runs/ folder
+
+
+def test_debug_shows_the_traceback(tmp_path):
+  result = job(tmp_path, *h.TINY, "--lr", "nan", "--debug")
+  assert result.code == 2 and "Traceback" in result.err
+  assert result.err.strip().splitlines()[-1].startswith("error: --lr nan")
+
+
+def test_out_that_is_a_file(tmp_path):
+  (tmp_path / "taken").write_text("keep me")
+  usage_error(job(tmp_path, *h.TINY, "--out", str(tmp_path / "taken")), "--out", "taken")
+  assert (tmp_path / "taken").read_text() == "keep me"
+
+
+# Run folders and --resume --------------------------------------------------
+
+def test_resume_with_no_runs_at_all(tmp_path):
+  work = tmp_path / "work"
+  work.mkdir()
+  usage_error(job(tmp_path, *h.TINY, "--resume", cwd=work), "--resume", "no runs/lm-*")
+  assert list(work.iterdir()) == []
+
+
+def test_resume_lists_the_folders_it_found(tmp_path):
+  """The issue's trap: an empty folder left by a failed start, taken as the run."""
+  work = tmp_path / "work"
+  failed = work / "runs" / "lm-20260101-000000"
+  failed.mkdir(parents=True)
+  (failed / "metrics.jsonl").write_text('{"step": 1, "loss": 5.0}\n')
+  before = hashes(work)
+  usage_error(job(tmp_path, *h.TINY, "--resume", cwd=work),
+              "nothing to resume", "lm-20260101-000000", "no checkpoints",
+              "metrics.jsonl with 1 records")
+  assert hashes(work) == before
+
+
+def test_resume_without_checkpoint_keeps_the_metrics(run, tmp_path):
+  shutil.rmtree(run / "checkpoints")
+  before = hashes(run)
+  usage_error(job(tmp_path, *RUN, "--steps", "4", "--resume", "--out", str(run)),
+              "--resume", str(run), "no checkpoints", "metrics.jsonl with 4 records")
+  assert hashes(run) == before
+
+
+def test_fresh_start_into_a_run_folder(run, tmp_path):
+  before = hashes(run)
+  usage_error(job(tmp_path, *RUN, "--steps", "4", "--out", str(run)),
+              f"--out {run}", "checkpoint steps [2, 4]", "pass --resume")
+  assert hashes(run) == before
+
+
+def test_resume_with_changed_flags(run, tmp_path):
+  before = hashes(run)
+  usage_error(job(tmp_path, *RUN, "--steps", "4", "--resume", "--out", str(run),
+                  "--lr", "0.1", "--seed", "7"),
+              "--lr 0.003 -> 0.1", "--seed 0 -> 7", "step 4")
+  assert hashes(run) == before
+
+
+def test_resume_extending_steps_moves_the_schedule(run, tmp_path):
+  """--steps sets the schedule horizon unless --schedule-steps keeps it."""
+  before = hashes(run)
+  usage_error(job(tmp_path, *UNKEPT_HORIZON, "--steps", "6", "--resume", "--out", str(run)),
+              "--schedule-steps 8 -> 6", "pass --schedule-steps with the old value")
+  assert hashes(run) == before
+
+
+def test_resume_with_fewer_steps_than_the_checkpoint(run, tmp_path):
+  before = hashes(run)
+  usage_error(job(tmp_path, *RUN, "--steps", "3", "--resume", "--out", str(run)),
+              "--steps 3", "step 4")
+  assert hashes(run) == before
+
+
+@contextlib.contextmanager
+def read_only(folder: pathlib.Path):
+  """``folder`` made read-only for this user: without write permission, or, for
+  root (whom permissions do not stop), as a read-only bind mount of itself."""
+  if os.geteuid() != 0:
+    paths = [folder, *folder.rglob("*")]
+    for path in paths:
+      path.chmod(path.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    try:
+      yield
+    finally:
+      for path in paths:
+        path.chmod(path.stat().st_mode | stat.S_IWUSR)
+    return
+  mount = subprocess.run(["mount", "--bind", str(folder), str(folder)],
+                         check=False, capture_output=True)
+  if mount.returncode:
+    pytest.skip(f"root, and no bind mount to make a folder read-only: {mount.stderr!r}")
+  try:
+    subprocess.run(["mount", "-o", "remount,ro,bind", str(folder)], check=True)
+    yield
+  finally:
+    subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_read_only_run_folder(run, tmp_path):
+  before = hashes(run)
+  with read_only(run):
+    usage_error(job(tmp_path, *RUN, "--steps", "6", "--resume", "--out", str(run)),
+                f"--out {run}", "not writable")
+  assert hashes(run) == before
+
+
+def test_launcher_resume_with_nothing_to_resume(tmp_path):
+  work = tmp_path / "work"
+  work.mkdir()
+  result = job(tmp_path, "--", *h.TINY, "--resume", module="launch.local_multihost", cwd=work)
+  assert result.code == 2 and result.err.startswith("error: --resume: nothing to resume")
+  assert list(work.iterdir()) == []
+
+
+def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  when = time.time()
+  first = run_folder.claim_new(run_folder.new_name(now=when))
+  second = run_folder.claim_new(run_folder.new_name(now=when))
+  assert first != second and first.is_dir() and second.is_dir()
+  assert second.name == first.name + "-2"
+
+
+def test_cluster_scripts_resume_auto():
+  for script in ("slurm.sbatch", "k8s-indexed-job.yaml", "tpu_pod.sh"):
+    command = (h.ROOT / "launch" / "scripts" / script).read_text()
+    assert "launch.train" in command and "--resume auto" in command, script
+
+
+def test_metrics_are_strict_json(tmp_path):
+  path = tmp_path / "metrics.jsonl"
+  report.append_metrics(path, {"step": 1, "loss": math.nan, "lr": math.inf})
+  assert path.read_text() == '{"step": 1, "loss": null, "lr": null}\n'
+
+
+# Jobs that train ------------------------------------------------------------
+
+@pytest.mark.slow
+def test_resume_auto_starts_fresh_and_says_so(tmp_path):
+  out = tmp_path / "new"
+  result = job(tmp_path, *RUN, "--steps", "1", "--resume", "auto", "--out", str(out))
+  assert result.code == 0, result.err[-2000:]
+  assert f"--resume auto: no checkpoint in {out}/checkpoints: starting fresh" in result.out
+  assert [r["step"] for r in records(out)] == [1]
+
+
+@pytest.mark.slow
+def test_resume_onto_another_mesh_is_allowed_and_printed(run, tmp_path):
+  kept = step_files(run, [2, 4])
+  first = records(run)
+  result = job(tmp_path, *RUN, "--steps", "5", "--resume", "auto", "--out", str(run),
+               "--mesh", "data=8,model=1")
+  assert result.code == 0, result.err[-2000:]
+  changes = [line for line in result.out.splitlines() if line.startswith("resume: changed")]
+  assert len(changes) == 1 and "--mesh data=4,model=2 -> data=8,model=1" in changes[0]
+  assert "resumed from step 4" in result.out
+  assert step_files(run, [2, 4]) == kept
+  now = records(run)
+  assert now[:4] == first and now[4]["step"] == 5
+
+
+@pytest.mark.slow
+def test_deleted_step_folder_resumes_from_the_one_before(run, tmp_path):
+  shutil.rmtree(run / "checkpoints" / "4")
+  kept, first = step_files(run, [2]), records(run)
+  result = job(tmp_path, *RUN, "--steps", "3", "--resume", "--out", str(run))
+  assert result.code == 0, result.err[-2000:]
+  assert "resumed from step 2" in result.out
+  assert step_files(run, [2]) == kept
+  assert records(run)[:2] == first[:2] and [r["step"] for r in records(run)] == [1, 2, 3]
+
+
+def _damage_newest(run: pathlib.Path) -> pathlib.Path:
+  """Flips 64 bytes in the middle of the largest array file of step 4."""
+  files = [p for p in (run / "checkpoints" / "4").rglob("*") if p.is_file()]
+  target = max(files, key=lambda p: p.stat().st_size)
+  data = bytearray(target.read_bytes())
+  middle = len(data) // 2
+  data[middle:middle + 64] = bytes(b ^ 0xFF for b in data[middle:middle + 64])
+  target.write_bytes(bytes(data))
+  return target
+
+
+@pytest.mark.slow
+def test_corrupt_newest_checkpoint_falls_back_with_a_warning(run, tmp_path):
+  _damage_newest(run)
+  kept, first = step_files(run, [2]), records(run)
+  result = job(tmp_path, *RUN, "--steps", "3", "--resume", "--out", str(run))
+  assert result.code == 0, result.err[-2000:]
+  warnings = [line for line in result.out.splitlines() if line.startswith("warning:")]
+  assert len(warnings) == 1 and "checkpoint step 4" in warnings[0], result.out[-3000:]
+  assert "resumed from step 2" in warnings[0] and "resumed from step 2" in result.out
+  assert "Traceback" not in result.err
+  assert step_files(run, [2]) == kept and records(run)[:2] == first[:2]
+
+
+@pytest.mark.slow
+def test_non_finite_loss_stops_with_exit_3_and_saves_nothing_of_it(tmp_path):
+  out = tmp_path / "run"
+  result = job(tmp_path, *RUN, "--optimizer", "sgd", "--lr", "1e30", "--clip-norm", "0",
+               "--steps", "8", "--checkpoint-every", "1", "--out", str(out))
+  assert result.code == 3, result.err[-2000:]
+  message = result.err.strip().splitlines()[-1]
+  assert message.startswith("error: non-finite") and "--skip-nonfinite" in message
+  bad_step = int(re.search(r"(?:at|after) step (\d+):", message).group(1))
+  assert all(math.isfinite(r["loss"]) for r in records(out))
+  assert all(step < bad_step for step in h.checkpoint_steps(out / "checkpoints"))
+
+
+@pytest.mark.slow
+def test_skip_nonfinite_counts_skipped_steps(tmp_path):
+  out = tmp_path / "run"
+  result = job(tmp_path, *RUN, "--optimizer", "sgd", "--lr", "1e30", "--clip-norm", "0",
+               "--steps", "4", "--skip-nonfinite", "--out", str(out))
+  assert result.code == 0, result.err[-2000:]
+  metrics = records(out)  # strict JSON: the non-finite losses are null
+  skipped = [r["step"] for r in metrics if r["skipped"]]
+  assert skipped and all(r["loss"] is None for r in metrics if r["skipped"])
+  assert metrics[-1]["skipped_steps"] == len(skipped)
+  assert h.checkpoint_steps(out / "checkpoints") == [2, 4]
+
+
+@pytest.mark.slow
+def test_sigkill_during_a_save_then_a_full_restart(tmp_path):
+  out, log = tmp_path / "run", tmp_path / "log"
+  proc = h.start(["launch.train", *RUN, "--steps", "60", "--checkpoint-every", "1",
+                  "--out", str(out)], log)
+  try:
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline and proc.poll() is None:
+      saving = run_folder.unfinished_saves(out / "checkpoints")
+      if saving and len(run_folder.finalized_steps(out / "checkpoints")) >= 2:
+        os.killpg(proc.pid, signal.SIGKILL)
+        break
+      time.sleep(0.005)
+    assert proc.wait(timeout=60) == -signal.SIGKILL, "no save was in flight to kill"
+  finally:
+    h.stop(proc)
+  done = run_folder.finalized_steps(out / "checkpoints")
+  kept, first = step_files(out, done), records(out)
+  result = job(tmp_path, *RUN, "--steps", str(done[-1] + 1), "--resume", "--out", str(out))
+  assert result.code == 0, result.err[-2000:]
+  assert f"resumed from step {done[-1]}" in result.out
+  assert step_files(out, done) == kept
+  now = records(out)
+  assert now[:done[-1]] == first[:done[-1]] and now[-1]["step"] == done[-1] + 1
