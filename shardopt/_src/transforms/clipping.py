@@ -31,18 +31,38 @@ def _stateless_per_leaf(f) -> base.GradientTransformation:
 
 
 def clip(max_delta: jax.typing.ArrayLike) -> base.GradientTransformation:
-  """Clips every update element into ``[-max_delta, max_delta]``."""
+  """Clips every update element into ``[-max_delta, max_delta]``.
+
+  Args:
+    max_delta: the largest magnitude an element keeps.
+
+  Returns:
+    A stateless ``GradientTransformation``.
+
+  References:
+    Elementwise gradient clipping as in Mikolov, "Statistical Language
+    Models Based on Neural Networks", PhD thesis, 2012; optax's ``clip``.
+  """
   return _stateless_per_leaf(lambda u: jnp.clip(u, -max_delta, max_delta))
 
 
 def clip_by_block_rms(
     threshold: jax.typing.ArrayLike,
 ) -> base.GradientTransformation:
-  """Rescales each leaf whose root-mean-square exceeds ``threshold`` to it.
+  """Rescales each leaf whose root mean square exceeds ``threshold`` down to it.
 
-  Reference: Adafactor's update clipping, Shazeer & Stern, "Adafactor:
-  Adaptive Learning Rates with Sublinear Memory Cost", ICML 2018
-  (https://arxiv.org/abs/1804.04235), Sec. 6.
+  Each update ``u`` becomes ``u / max(1, rms(u) / threshold)``.
+
+  Args:
+    threshold: the largest root mean square a leaf keeps.
+
+  Returns:
+    A stateless ``GradientTransformation``.
+
+  References:
+    Shazeer & Stern, "Adafactor: Adaptive Learning Rates with Sublinear
+    Memory Cost", ICML 2018 (https://arxiv.org/abs/1804.04235), Sec. 6
+    (update clipping).
   """
 
   def clip_leaf(u):
@@ -55,12 +75,22 @@ def clip_by_block_rms(
 def clip_by_global_norm(
     max_norm: jax.typing.ArrayLike,
 ) -> base.GradientTransformation:
-  """Rescales all updates together when their global L2 norm exceeds max_norm.
+  """Rescales all updates together when their global L2 norm exceeds ``max_norm``.
 
-  On sharded updates the norm is one all-reduce of per-leaf sums.
+  With ``n = sqrt(sum of all squared elements)``, the updates are kept when
+  ``n < max_norm`` and become ``u / n * max_norm`` otherwise. On sharded
+  updates the norm is one all-reduce of per-leaf sums.
 
-  Reference: Pascanu et al., "On the difficulty of training Recurrent Neural
-  Networks", ICML 2013 (https://arxiv.org/abs/1211.5063).
+  Args:
+    max_norm: the largest global norm the updates keep.
+
+  Returns:
+    A stateless ``GradientTransformation`` (its state is
+    ``ClipByGlobalNormState``, empty).
+
+  References:
+    Pascanu et al., "On the difficulty of training Recurrent Neural
+    Networks", ICML 2013 (https://arxiv.org/abs/1211.5063).
   """
 
   def clip_all(updates, params):
@@ -105,14 +135,28 @@ def adaptive_grad_clip(
     eps: jax.typing.ArrayLike = 1e-3,
     axis: int | tuple[int, ...] | None = None,
 ) -> base.GradientTransformation:
-  """Clips each unit's update to ``clipping * max(|param unit|, eps)``.
+  """Adaptive gradient clipping: each unit's update relative to its param's norm.
 
-  A unit is a slice over ``axis`` (default by rank: everything for scalars
-  and vectors, axis 0 for 2-D/3-D kernels, all but the last axis for 4-D/5-D
-  convolution kernels). Needs ``params``.
+  Each unit (a slice over ``axis``) of an update ``g`` with param ``p`` is
+  kept when ``||g_unit|| < clipping * max(||p_unit||, eps)`` and rescaled to
+  that norm otherwise. Needs the params.
 
-  Reference: Brock et al., High-Performance Large-Scale Image Recognition
-  Without Normalization, 2021 (https://arxiv.org/abs/2102.06171).
+  Args:
+    clipping: the largest ratio of update norm to param norm (per unit).
+    eps: floor of the param norm, so zero-initialised params can move
+      (default 1e-3).
+    axis: the axes reduced to form a unit's norm; ``None`` (default) picks
+      by rank: the whole array for scalars and vectors, axis 0 for 2-D and
+      3-D kernels, all but the last axis for 4-D and 5-D convolution
+      kernels (other ranks need an explicit ``axis``).
+
+  Returns:
+    A stateless ``GradientTransformation`` whose ``update`` raises
+    ValueError without params.
+
+  References:
+    Brock et al., "High-Performance Large-Scale Image Recognition Without
+    Normalization", ICML 2021 (https://arxiv.org/abs/2102.06171).
   """
 
   def clip_unit(g, p):

@@ -29,10 +29,19 @@ def require_params(params: base.Params, transform: str) -> None:
 
 
 def keep_params_nonnegative() -> base.GradientTransformation:
-  """Clamps updates so that ``params + updates >= 0``; put it last in a chain.
+  """Clamps the updates so that ``params + updates >= 0``; put it last in a chain.
 
-  Where the step would make a param negative the update becomes ``-param``
-  (a negative param is moved to zero).
+  Where a step would make a param negative the update becomes ``-param``
+  (that param lands on zero; a negative param is moved to zero). Needs the
+  params.
+
+  Returns:
+    A stateless ``GradientTransformation`` (state ``NonNegativeParamsState``,
+    empty).
+
+  References:
+    Projection onto the non-negative orthant (projected gradient descent);
+    optax's ``keep_params_nonnegative``.
   """
 
   def update_fn(updates, state, params=None):
@@ -55,7 +64,15 @@ class ZeroNansState(NamedTuple):
 
 
 def zero_nans() -> base.GradientTransformation:
-  """Replaces NaNs in the updates with zeros and records where it did."""
+  """Replaces NaNs in the updates with zeros and records where it did.
+
+  Returns:
+    A ``GradientTransformation`` whose state is a ``ZeroNansState``: per
+    param, a boolean scalar telling whether its last update had a NaN.
+
+  References:
+    optax's ``zero_nans``.
+  """
 
   def init_fn(params):
     return ZeroNansState(

@@ -47,20 +47,29 @@ def scale_by_distance_over_gradients(
     param_dtype=jnp.float32,
     global_scale: jax.typing.ArrayLike = 1.0,
 ) -> base.GradientTransformation:
-  """Layer-wise DoG: ``g * global_scale * d / sqrt(G + eps)`` per param array,
+  """Layer-wise DoG: a parameter-free step size from distance over gradients.
+
+  Per param array the output is ``g * global_scale * d / sqrt(G + eps)``,
   with ``d`` the largest distance of the param from its initial value (at
   least ``reps_rel * (1 + |x_0|)``) and ``G`` the sum of squared gradient
   norms so far. ``update`` needs the params.
 
   Args:
-    reps_rel: sets the first step's distance, ``reps_rel * (1 + |x_0|)``; the
-      authors suggest 1e-4 with batch norm, 1e-6 otherwise.
-    eps: added under the square root.
-    param_dtype: dtype of the stored initial params.
-    global_scale: multiplies every step (-1.0 turns it into a descent step).
+    reps_rel: sets the first step's distance, ``reps_rel * (1 + |x_0|)``;
+      the authors suggest 1e-4 with batch norm, 1e-6 (default) otherwise.
+    eps: added under the square root (default 1e-8).
+    param_dtype: dtype of the stored initial params (default float32).
+    global_scale: multiplies every step (default 1.0; -1.0 turns it into a
+      descent step).
 
-  Reference: Ivgi et al., "DoG is SGD's Best Friend: A Parameter-Free Dynamic
-  Step Size Schedule", ICML 2023 (https://arxiv.org/abs/2302.12022).
+  Returns:
+    A ``GradientTransformation`` whose state is a
+    ``ScaleByDistanceOverGradientsState`` (per-param scalars and the initial
+    params).
+
+  References:
+    Ivgi et al., "DoG is SGD's Best Friend: A Parameter-Free Dynamic Step
+    Size Schedule", ICML 2023 (https://arxiv.org/abs/2302.12022).
   """
 
   def init_fn(params):

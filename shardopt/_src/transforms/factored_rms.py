@@ -86,22 +86,34 @@ def scale_by_factored_rms(
 ) -> base.GradientTransformation:
   """Divides updates by a (factored) estimate of their root mean square.
 
+  With ``decay = decay_rate_fn(count - step_offset, decay_rate)``, a param
+  with two dimensions of at least ``min_dim_size_to_factor`` keeps the EMAs
+  of ``g**2 + epsilon`` averaged over its largest dimension (``v_row``) and
+  its second largest (``v_col``) and divides by ``sqrt`` of their outer
+  product over the mean of ``v_row``; other params keep a full EMA ``v`` and
+  divide by ``sqrt(v)``. ``params`` are optional in ``update``: shapes come
+  from the updates and the statistics keep the dtype they were initialised
+  with (the param's).
+
   Args:
-    factored: whether to factor the second moment of matrices and tensors.
-    decay_rate: argument of ``decay_rate_fn`` (the default's exponent).
+    factored: whether to factor the second moment of matrices and tensors
+      (default True).
+    decay_rate: argument of ``decay_rate_fn`` (the default's exponent, 0.8).
     step_offset: subtracted from the step count before ``decay_rate_fn``
-      (the first step of a fine-tuning phase).
-    min_dim_size_to_factor: factor only when two dimensions are at least this
-      large.
-    epsilon: added to the squared gradients.
+      (the first step of a fine-tuning phase; default 0).
+    min_dim_size_to_factor: factor only when two dimensions are at least
+      this large (default 128).
+    epsilon: added to the squared gradients (default 1e-30).
     decay_rate_fn: ``(step, decay_rate) -> decay`` of the second moment;
       defaults to ``1 - (step + 1) ** -decay_rate``.
 
-  ``params`` are optional in ``update``: shapes come from the updates and the
-  statistics keep the dtype they were initialised with (the param's).
+  Returns:
+    A ``GradientTransformation`` whose state is a ``FactoredState`` (count,
+    v_row, v_col, v).
 
-  Reference: Shazeer & Stern, "Adafactor: Adaptive Learning Rates with
-  Sublinear Memory Cost", ICML 2018 (https://arxiv.org/abs/1804.04235).
+  References:
+    Shazeer & Stern, "Adafactor: Adaptive Learning Rates with Sublinear
+    Memory Cost", ICML 2018 (https://arxiv.org/abs/1804.04235).
   """
 
   def dims_of(shape):

@@ -30,10 +30,21 @@ def _per_param_block(name: str, scale_fn) -> base.GradientTransformation:
 def scale_by_param_block_norm(
     min_scale: jax.typing.ArrayLike = 1e-3,
 ) -> base.GradientTransformation:
-  """Multiplies each update by max(L2 norm of its param, ``min_scale``).
+  """Multiplies each update by ``max(||param||, min_scale)``, its param's L2 norm.
 
-  Reference: the relative step size of Shazeer & Stern, 2018
-  (https://arxiv.org/abs/1804.04235), Sec. 8, with the L2 norm for the RMS.
+  Needs the params.
+
+  Args:
+    min_scale: floor of the param norm (default 1e-3).
+
+  Returns:
+    A stateless ``GradientTransformation``.
+
+  References:
+    The relative step size of Shazeer & Stern, "Adafactor: Adaptive Learning
+    Rates with Sublinear Memory Cost", ICML 2018
+    (https://arxiv.org/abs/1804.04235), Sec. 8, with the L2 norm in place of
+    the RMS.
   """
   return _per_param_block(
       "scale_by_param_block_norm",
@@ -44,11 +55,20 @@ def scale_by_param_block_norm(
 def scale_by_param_block_rms(
     min_scale: jax.typing.ArrayLike = 1e-3,
 ) -> base.GradientTransformation:
-  """Multiplies each update by max(RMS of its param, ``min_scale``).
+  """Multiplies each update by ``max(rms(param), min_scale)``, its param's RMS.
 
-  Reference: Shazeer & Stern, "Adafactor: Adaptive Learning Rates with
-  Sublinear Memory Cost", ICML 2018 (https://arxiv.org/abs/1804.04235),
-  Sec. 8 (relative step size).
+  Needs the params.
+
+  Args:
+    min_scale: floor of the param's root mean square (default 1e-3).
+
+  Returns:
+    A stateless ``GradientTransformation``.
+
+  References:
+    Shazeer & Stern, "Adafactor: Adaptive Learning Rates with Sublinear
+    Memory Cost", ICML 2018 (https://arxiv.org/abs/1804.04235), Sec. 8
+    (relative step size).
   """
   return _per_param_block(
       "scale_by_param_block_rms",
@@ -61,14 +81,26 @@ def scale_by_trust_ratio(
     trust_coefficient: jax.typing.ArrayLike = 1.0,
     eps: jax.typing.ArrayLike = 0.0,
 ) -> base.GradientTransformation:
-  """Layer-wise trust ratio ``coef * |param| / (|update| + eps)`` (LARS/LAMB).
+  """Scales each update by the layer-wise trust ratio of LARS/LAMB.
 
-  Norms are floored at ``min_norm``; the ratio is 1 where either norm is 0.
+  Each update ``u`` of param ``p`` becomes ``u * trust_coefficient * ||p|| /
+  (||u|| + eps)``, both norms floored at ``min_norm``; the ratio is 1 where
+  either norm is zero. Needs the params.
 
-  References: You et al., "Large Batch Training of Convolutional Networks"
-  (LARS), 2017 (https://arxiv.org/abs/1708.03888); You et al., "Large Batch
-  Optimization for Deep Learning: Training BERT in 76 minutes" (LAMB), 2019
-  (https://arxiv.org/abs/1904.00962).
+  Args:
+    min_norm: floor of both norms (default 0.0).
+    trust_coefficient: multiplier of the ratio (default 1.0).
+    eps: added to the update norm (default 0.0).
+
+  Returns:
+    A stateless ``GradientTransformation`` (state
+    ``ScaleByTrustRatioState``, empty).
+
+  References:
+    You et al., "Large Batch Training of Convolutional Networks", 2017
+    (https://arxiv.org/abs/1708.03888); You et al., "Large Batch
+    Optimization for Deep Learning: Training BERT in 76 minutes", ICLR 2020
+    (https://arxiv.org/abs/1904.00962).
   """
 
   def scale_leaf(u, p):

@@ -81,15 +81,27 @@ def scale_by_lbfgs(
 ) -> base.GradientTransformation:
   """The L-BFGS direction ``H_k u_k`` for updates (gradients) ``u_k``.
 
-  ``H_k`` is built from the last ``memory_size`` pairs (``w_{k+1} - w_k``,
-  ``u_{k+1} - u_k``) starting from ``gamma I``: with ``scale_init_precond``,
-  ``gamma = <dw, du> / <du, du>`` of the newest pair (and
-  ``min(1, 1 / |u_0|)`` at the first step), else 1. Needs ``params``; chain
-  it with a (zoom) line search, as :func:`shardopt.lbfgs` does.
+  ``H_k`` is built by the two-loop recursion from the last ``memory_size``
+  pairs (``w_{k+1} - w_k``, ``u_{k+1} - u_k``), starting from ``gamma I``:
+  with ``scale_init_precond``, ``gamma = <dw, du> / <du, du>`` of the newest
+  pair (and ``min(1, 1 / ||u_0||)`` at the first step), else 1. Needs the
+  params; chain it with a (zoom) line search, as ``shardopt.lbfgs`` does.
+  The memory is ``memory_size`` copies of each param, each with the param's
+  sharding.
 
-  References: Nocedal & Wright, Numerical Optimization, 1999, Algorithms 7.4
-  and 7.5; Liu & Nocedal, On the limited memory BFGS method for large scale
-  optimization, 1989 (https://doi.org/10.1007/BF01589116).
+  Args:
+    memory_size: number of past difference pairs kept (default 10; below 1
+      raises ValueError).
+    scale_init_precond: whether to scale the initial inverse Hessian by
+      ``gamma`` (default True).
+
+  Returns:
+    A ``GradientTransformation`` whose state is a ``ScaleByLBFGSState``.
+
+  References:
+    Nocedal & Wright, "Numerical Optimization", 1999, Algorithms 7.4 and
+    7.5; Liu & Nocedal, "On the limited memory BFGS method for large scale
+    optimization", Math. Prog. 1989 (https://doi.org/10.1007/BF01589116).
   """
   if memory_size < 1:
     raise ValueError(

@@ -35,15 +35,27 @@ def trace(
     nesterov: bool = False,
     accumulator_dtype: Any | None = None,
 ) -> base.GradientTransformation:
-  """Momentum: ``trace = g + decay * trace``; the update is the new trace.
+  """Momentum: a decayed sum of past updates.
 
-  With ``nesterov`` the update is ``g + decay * trace`` of the new trace.
-  ``accumulator_dtype`` sets the trace's storage dtype (default: the params').
+  ``t = g + decay * t``; the output is the new ``t``, or ``g + decay * t``
+  with ``nesterov``.
 
-  References: Polyak, "Some methods of speeding up the convergence of
-  iteration methods", USSR Comput. Math. Math. Phys., 1964 (heavy ball);
-  Sutskever et al., "On the importance of initialization and momentum in deep
-  learning", ICML 2013 (https://proceedings.mlr.press/v28/sutskever13.html).
+  Args:
+    decay: the decay of the trace.
+    nesterov: whether to use Nesterov momentum (default False).
+    accumulator_dtype: storage dtype of the trace; ``None`` (default) uses
+      the params' dtype.
+
+  Returns:
+    A ``GradientTransformation`` whose state is a ``TraceState``.
+
+  References:
+    Polyak, "Some methods of speeding up the convergence of iteration
+    methods", USSR Comput. Math. Math. Phys. 1964
+    (https://doi.org/10.1016/0041-5553(64)90137-5) (heavy ball); Sutskever
+    et al., "On the importance of initialization and momentum in deep
+    learning", ICML 2013
+    (https://proceedings.mlr.press/v28/sutskever13.html).
   """
   accumulator_dtype = canonical_dtype(accumulator_dtype)
 
@@ -79,13 +91,25 @@ def ema(
     debias: bool = True,
     accumulator_dtype: Any | None = None,
 ) -> base.GradientTransformation:
-  """Exponential moving average: ``ema = (1 - decay) * g + decay * ema``.
+  """Exponential moving average of the updates.
 
-  With ``debias`` the update is divided by ``1 - decay**count`` so early
-  steps are not biased towards zero.
+  ``ema = (1 - decay) * g + decay * ema``; the output is the new ``ema``,
+  divided by ``1 - decay**count`` with ``debias`` so that early steps are not
+  biased towards zero.
 
-  Reference: Kingma & Ba, "Adam: A Method for Stochastic Optimization", 2014
-  (https://arxiv.org/abs/1412.6980), Sec. 3 (bias correction).
+  Args:
+    decay: the decay of the average.
+    debias: whether to divide by ``1 - decay**count`` (default True).
+    accumulator_dtype: storage dtype of the average; ``None`` (default) uses
+      the params' dtype.
+
+  Returns:
+    A ``GradientTransformation`` whose state is an ``EmaState`` (count,
+    ema).
+
+  References:
+    Kingma & Ba, "Adam: A Method for Stochastic Optimization", ICLR 2015
+    (https://arxiv.org/abs/1412.6980), Sec. 3 (bias correction).
   """
   accumulator_dtype = canonical_dtype(accumulator_dtype)
 

@@ -51,13 +51,27 @@ def add_noise(
     *,
     seed: int | None = None,
 ) -> base.GradientTransformation:
-  """Adds N(0, eta / t**gamma) noise to the updates at step t (from 1).
+  """Adds annealed Gaussian noise to the updates.
 
-  ``key`` is a PRNG key or an int seed; ``seed`` is the deprecated spelling
-  of an int key.
+  At step ``t`` (from 1) each element gets noise of variance
+  ``eta / t**gamma``; each leaf draws from its own split of the key and the
+  noise has the update's sharding.
 
-  Reference: Neelakantan et al., "Adding Gradient Noise Improves Learning for
-  Very Deep Networks", 2015 (https://arxiv.org/abs/1511.06807).
+  Args:
+    eta: the noise's initial variance.
+    gamma: the variance's decay exponent.
+    key: a ``jax.random`` key or an int seed; ``None`` (with no ``seed``)
+      uses key 0 and warns.
+    seed: optax's deprecated integer spelling of ``key`` (keyword only);
+      passing both raises ValueError.
+
+  Returns:
+    A ``GradientTransformation`` whose state is an ``AddNoiseState`` (step
+    count and the next key).
+
+  References:
+    Neelakantan et al., "Adding Gradient Noise Improves Learning for Very
+    Deep Networks", 2015 (https://arxiv.org/abs/1511.06807).
   """
   if seed is not None:
     warnings.warn(

@@ -16,11 +16,21 @@ __all__ = [
 def normalize_by_update_norm(
     scale_factor: jax.typing.ArrayLike = 1.0, eps: jax.typing.ArrayLike = 1e-6
 ) -> base.GradientTransformation:
-  """Divides the updates by their global norm (plus ``eps``), times
-  ``scale_factor``: a step of fixed length along the update direction.
+  """Divides the updates by their global norm: a step of fixed length.
 
-  Reference: Nesterov, Introductory Lectures on Convex Optimization, 2004,
-  Sec. 3.2.3 (normalised gradient method).
+  The output is ``scale_factor * u / (||u|| + eps)`` with ``||u||`` the
+  global L2 norm of all updates.
+
+  Args:
+    scale_factor: the length of the output (default 1.0).
+    eps: added to the norm (default 1e-6).
+
+  Returns:
+    A stateless ``GradientTransformation``.
+
+  References:
+    Nesterov, "Introductory Lectures on Convex Optimization", 2004,
+    Sec. 3.2.3 (normalised gradient method).
   """
 
   def update_fn(updates, state, params=None):
@@ -38,10 +48,16 @@ def _subtract_mean(g):
 
 
 def centralize() -> base.GradientTransformation:
-  """Subtracts from each update of rank >= 2 its mean over all but the
-  leading axis (scalars and vectors pass through).
+  """Gradient centralization: subtracts each update's mean over its non-leading axes.
 
-  Reference: Yong et al., Gradient Centralization: A New Optimization
-  Technique for Deep Neural Networks, 2020 (https://arxiv.org/abs/2004.01461).
+  Updates of rank >= 2 become ``g - mean(g, axis=(1, ..., ndim - 1))``;
+  scalars and vectors pass through.
+
+  Returns:
+    A stateless ``GradientTransformation``.
+
+  References:
+    Yong et al., "Gradient Centralization: A New Optimization Technique for
+    Deep Neural Networks", ECCV 2020 (https://arxiv.org/abs/2004.01461).
   """
   return base.stateless_with_tree_map(lambda g, _: _subtract_mean(g))

@@ -37,14 +37,31 @@ def scale_by_novograd(
     weight_decay: jax.typing.ArrayLike = 0.0,
     mu_dtype: Any | None = None,
 ) -> base.GradientTransformation:
-  """NovoGrad: layer-wise second moments of the gradient norm.
+  """NovoGrad's direction: steps normalised by one second moment per layer.
 
-  The first step initialises both moments from the gradient (no decay).
-  Needs ``params`` (for the weight-decay term).
+  ``nu = b2 * nu + (1 - b2) * ||g||**2`` is a scalar per param (replicated);
+  the step ``g / (sqrt(nu + eps_root) + eps) + weight_decay * p`` goes into a
+  momentum ``mu = b1 * mu + step``, which is the output. The first step
+  takes both moments from the gradient, undecayed. ``update`` raises
+  ValueError without params.
 
-  Reference: Ginsburg et al., Stochastic Gradient Methods with Layer-wise
-  Adaptive Moments for Training of Deep Networks, 2019
-  (https://arxiv.org/abs/1905.11286).
+  Args:
+    b1: decay of the momentum (default 0.9).
+    b2: decay of the per-param second moment (default 0.25).
+    eps: added to the root of the second moment (default 1e-8).
+    eps_root: added to the second moment inside the root (default 0.0).
+    weight_decay: rate of ``weight_decay * params`` added to each step
+      (default 0.0).
+    mu_dtype: dtype of the momentum; ``None`` (default) uses the params'
+      dtype.
+
+  Returns:
+    A ``GradientTransformation`` whose state is a ``ScaleByNovogradState``.
+
+  References:
+    Ginsburg et al., "Stochastic Gradient Methods with Layer-wise Adaptive
+    Moments for Training of Deep Networks", 2019
+    (https://arxiv.org/abs/1905.11286).
   """
   mu_dtype = canonical_dtype(mu_dtype)
 

@@ -30,9 +30,18 @@ def scale_by_optimistic_gradient(
 
   At the first step the previous gradient is taken to be the current one.
 
-  Reference: Mokhtari et al., A Unified Analysis of Extra-gradient and
-  Optimistic Gradient Methods for Saddle Point Problems, 2019
-  (https://arxiv.org/abs/1901.08511).
+  Args:
+    alpha: weight of the current gradient (default 1.0).
+    beta: weight of the gradient's change ``g - g_prev`` (default 1.0).
+
+  Returns:
+    A ``GradientTransformation`` whose state is a
+    ``ScaleByOptimisticGradientState``.
+
+  References:
+    Mokhtari et al., "A Unified Analysis of Extra-gradient and Optimistic
+    Gradient Methods for Saddle Point Problems", AISTATS 2020
+    (https://arxiv.org/abs/1901.08511).
   """
 
   def init_fn(params):

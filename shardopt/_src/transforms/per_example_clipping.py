@@ -65,17 +65,20 @@ def _clip_and_sum(grads: Any, l2_norm_clip) -> tuple[Any, jax.Array]:
 def per_example_global_norm_clip(
     grads: Any, l2_norm_clip: jax.typing.ArrayLike
 ) -> tuple[Any, jax.Array]:
-  """Clips each example's gradients to global L2 norm ``l2_norm_clip``, sums.
+  """Clips each example's gradients to global L2 norm ``l2_norm_clip``, then sums.
 
   Args:
-    grads: a tree of per-example gradients, each with the batch on axis 0.
-    l2_norm_clip: the largest norm an example's gradients may keep.
+    grads: a tree of per-example gradients, each leaf with the batch on axis
+      0 (the same batch size in every leaf).
+    l2_norm_clip: the largest global norm an example's gradients keep.
 
   Returns:
-    ``(sum of the clipped per-example gradients, number of examples clipped)``.
+    ``(sum of the clipped per-example gradients, number of examples
+    clipped)``.
 
-  Reference: Abadi et al., Deep Learning with Differential Privacy, 2016
-  (https://arxiv.org/abs/1607.00133).
+  References:
+    Abadi et al., "Deep Learning with Differential Privacy", CCS 2016
+    (https://arxiv.org/abs/1607.00133).
   """
   _check_batch_axis(grads, "per_example_global_norm_clip")
   return _clip_and_sum(grads, l2_norm_clip)
@@ -91,11 +94,20 @@ def per_example_layer_norm_clip(
   total), where ``C = global_l2_norm_clip``; the per-leaf bounds compose to
   ``C`` overall.
 
-  Returns:
-    ``(tree of clipped sums, tree of per-leaf numbers of examples clipped)``.
+  Args:
+    grads: a tree of per-example gradients, each leaf with the batch on axis
+      0 (the same batch size in every leaf).
+    global_l2_norm_clip: ``C``, the overall bound of an example's norm.
+    uniform: whether every leaf gets the same bound (default True) or one
+      proportional to the root of its size.
 
-  Reference: McMahan et al., Learning Differentially Private Recurrent
-  Language Models, 2017 (https://arxiv.org/abs/1710.06963).
+  Returns:
+    ``(tree of clipped sums, tree of per-leaf numbers of examples
+    clipped)``.
+
+  References:
+    McMahan et al., "Learning Differentially Private Recurrent Language
+    Models", ICLR 2018 (https://arxiv.org/abs/1710.06963).
   """
   _check_batch_axis(grads, "per_example_layer_norm_clip")
   leaves, treedef = jax.tree.flatten(grads)

@@ -23,14 +23,27 @@ def scale_by_polyak(
     eps: jax.typing.ArrayLike = 0.0,
     variant: str = "sps",
 ) -> base.GradientTransformationExtraArgs:
-  """Scales by Polyak's step size ``min((f - f_min) / (|g|^2 + eps), max_lr)``.
+  """Scales by Polyak's step size ``min((f - f_min) / (||g||^2 + eps), max_learning_rate)``.
 
   ``update`` needs the keyword ``value`` (the objective at the params);
   ``variant="sps+"`` clips a negative gap ``f - f_min`` to zero. A vanishing
   denominator gives a zero step.
 
-  Reference: Loizou et al., Stochastic Polyak Step-size for SGD: An Adaptive
-  Learning Rate for Fast Convergence, 2021 (https://arxiv.org/abs/2002.10542).
+  Args:
+    f_min: a lower bound of the objective (default 0.0).
+    max_learning_rate: upper bound of the step size (default 1.0).
+    eps: added to the squared gradient norm (default 0.0).
+    variant: ``"sps"`` (default) or ``"sps+"``; another value raises
+      ValueError.
+
+  Returns:
+    A stateless ``GradientTransformationExtraArgs`` whose ``update`` takes
+    ``value=``.
+
+  References:
+    Loizou et al., "Stochastic Polyak Step-size for SGD: An Adaptive
+    Learning Rate for Fast Convergence", AISTATS 2021
+    (https://arxiv.org/abs/2002.10542).
   """
   if variant not in _POLYAK_VARIANTS:
     raise ValueError(

@@ -35,13 +35,22 @@ def scale_by_rss(
     initial_accumulator_value: jax.typing.ArrayLike = 0.1,
     eps: jax.typing.ArrayLike = 1e-7,
 ) -> base.GradientTransformation:
-  """Adagrad's rescaling by ``1 / sqrt(sum of squared updates + eps)``.
+  """Adagrad's rescaling by the root of the sum of squared updates.
 
-  Coordinates whose sum is still zero get a zero update.
+  ``s = s + g**2`` (starting at ``initial_accumulator_value``); the output is
+  ``g / sqrt(s + eps)``, zero where ``s`` is zero.
 
-  Reference: Duchi et al., "Adaptive Subgradient Methods for Online Learning
-  and Stochastic Optimization", JMLR 2011
-  (https://jmlr.org/papers/v12/duchi11a.html).
+  Args:
+    initial_accumulator_value: initial value of the sum (default 0.1).
+    eps: added to the sum inside the root (default 1e-7).
+
+  Returns:
+    A ``GradientTransformation`` whose state is a ``ScaleByRssState``.
+
+  References:
+    Duchi et al., "Adaptive Subgradient Methods for Online Learning and
+    Stochastic Optimization", JMLR 2011
+    (https://jmlr.org/papers/v12/duchi11a.html).
   """
 
   def init_fn(params):
@@ -105,14 +114,30 @@ def scale_by_rms(
     eps_in_sqrt: bool = True,
     bias_correction: bool = False,
 ) -> base.GradientTransformation:
-  """RMSProp's rescaling by the root of the moving average of squares.
+  """RMSProp's rescaling by the root of the moving average of squared updates.
 
-  ``eps`` goes inside the root unless ``eps_in_sqrt`` is False;
-  ``bias_correction`` debiases the average (the state then has a count).
+  ``nu = decay * nu + (1 - decay) * g**2`` (starting at ``initial_scale``);
+  the output is ``g / sqrt(nu + eps)``, or ``g / (sqrt(nu) + eps)`` when not
+  ``eps_in_sqrt``; ``nu`` is first divided by ``1 - decay**t`` with
+  ``bias_correction``.
 
-  Reference: Tieleman & Hinton, "Lecture 6.5 - rmsprop", Coursera: Neural
-  Networks for Machine Learning, 2012
-  (https://www.cs.toronto.edu/~tijmen/csc321/slides/lecture_slides_lec6.pdf).
+  Args:
+    decay: decay of the moving average (default 0.9).
+    eps: added to the average (inside the root) or to its root (default
+      1e-8).
+    initial_scale: initial value of ``nu`` (default 0.0).
+    eps_in_sqrt: whether ``eps`` goes inside the root (default True).
+    bias_correction: whether to debias the average (default False); the
+      state then also holds the step count.
+
+  Returns:
+    A ``GradientTransformation`` whose state is a ``ScaleByRmsState`` (or
+    ``ScaleByRmsWithCountState`` with ``bias_correction``).
+
+  References:
+    Tieleman & Hinton, "Lecture 6.5 - rmsprop", Coursera: Neural Networks for
+    Machine Learning, 2012
+    (https://www.cs.toronto.edu/~tijmen/csc321/slides/lecture_slides_lec6.pdf).
   """
 
   def init_fn(params):
@@ -146,12 +171,28 @@ def scale_by_stddev(
     eps_in_sqrt: bool = True,
     bias_correction: bool = False,
 ) -> base.GradientTransformation:
-  """Centred RMSProp: rescales by the root of ``E[g**2] - |E[g]|**2``.
+  """Centred RMSProp's rescaling by the root of the updates' moving variance.
 
-  Options as in ``scale_by_rms``.
+  With moving averages ``mu`` of ``g`` and ``nu`` of ``g**2`` (decay
+  ``decay``), the output is ``g / sqrt(nu - mu**2 + eps)`` (or ``g /
+  (sqrt(nu - mu**2) + eps)`` when not ``eps_in_sqrt``).
 
-  Reference: Graves, "Generating Sequences With Recurrent Neural Networks",
-  2013 (https://arxiv.org/abs/1308.0850).
+  Args:
+    decay: decay of both moving averages (default 0.9).
+    eps: added to the variance (inside the root) or to its root (default
+      1e-8).
+    initial_scale: initial value of ``nu`` (default 0.0).
+    eps_in_sqrt: whether ``eps`` goes inside the root (default True).
+    bias_correction: whether to debias both averages (default False); the
+      state then also holds the step count.
+
+  Returns:
+    A ``GradientTransformation`` whose state is a ``ScaleByRStdDevState``
+    (or ``ScaleByRStdDevWithCountState`` with ``bias_correction``).
+
+  References:
+    Graves, "Generating Sequences With Recurrent Neural Networks", 2013
+    (https://arxiv.org/abs/1308.0850).
   """
 
   def init_fn(params):

@@ -26,7 +26,17 @@ class ScaleByScheduleState(NamedTuple):
 
 
 def scale(step_size: jax.typing.ArrayLike) -> base.GradientTransformation:
-  """Multiplies every update by the constant ``step_size``."""
+  """Multiplies every update by the constant ``step_size``.
+
+  Args:
+    step_size: the factor.
+
+  Returns:
+    A stateless ``GradientTransformation``.
+
+  References:
+    optax's ``scale``.
+  """
 
   def update_fn(updates, state, params=None):
     del params
@@ -38,9 +48,20 @@ def scale(step_size: jax.typing.ArrayLike) -> base.GradientTransformation:
 def scale_by_schedule(
     step_size_fn: base.Schedule,
 ) -> base.GradientTransformation:
-  """Multiplies the updates by ``step_size_fn(count)``, count = steps so far.
+  """Multiplies the updates by ``step_size_fn(count)``, ``count`` the steps so far.
 
   The step size is cast to each update's dtype before multiplying.
+
+  Args:
+    step_size_fn: a schedule: a function of the step count (an int32
+      scalar, 0 at the first update) returning the factor.
+
+  Returns:
+    A ``GradientTransformation`` whose state is a ``ScaleByScheduleState``
+    (the count).
+
+  References:
+    optax's ``scale_by_schedule``.
   """
 
   def init_fn(params):
@@ -63,10 +84,20 @@ def scale_by_learning_rate(
     *,
     flip_sign: bool = True,
 ) -> base.GradientTransformation:
-  """Multiplies the updates by ``-learning_rate`` (``+`` if not ``flip_sign``).
+  """Multiplies the updates by ``-learning_rate`` (``+learning_rate`` if not ``flip_sign``).
 
-  ``learning_rate`` is a scalar or a schedule of the step count; None leaves
-  the updates untouched.
+  Args:
+    learning_rate: a scalar or a schedule of the step count; ``None``
+      (default) leaves the updates untouched (identity).
+    flip_sign: whether to negate, so that the updates descend (default
+      True; keyword only).
+
+  Returns:
+    A ``GradientTransformation``: ``scale`` for a scalar,
+    ``scale_by_schedule`` for a schedule, ``identity`` for ``None``.
+
+  References:
+    optax's ``scale_by_learning_rate``.
   """
   if learning_rate is None:
     return base.identity()

@@ -42,14 +42,27 @@ def scale_by_lion(
     mode: Literal["hard", "smooth", "refined"] = "hard",
     smooth_beta: float = 1.0,
 ) -> base.GradientTransformation:
-  """Lion: the sign of an interpolation of gradient and momentum.
+  """Lion's direction: the sign of an interpolation of gradient and momentum.
 
-  ``mode`` picks the sign: ``"hard"`` (``sign``), ``"smooth"``
-  (``tanh(smooth_beta * x)``) or ``"refined"`` (``x`` inside [-1, 1], its sign
-  outside).
+  The output is ``sign((1 - b1) * g + b1 * m)``, then ``m = b2 * m + (1 -
+  b2) * g``. ``mode`` picks the sign function.
 
-  Reference: Chen et al., Symbolic Discovery of Optimization Algorithms, 2023
-  (https://arxiv.org/abs/2302.06675).
+  Args:
+    b1: interpolation weight of the momentum in the sign (default 0.9).
+    b2: decay of the momentum (default 0.99).
+    mu_dtype: dtype of the momentum; ``None`` (default) uses the params'
+      dtype.
+    mode: ``"hard"`` (default, ``sign``), ``"smooth"`` (``tanh(smooth_beta
+      * x)``) or ``"refined"`` (``x`` inside [-1, 1], its sign outside);
+      another value raises ValueError.
+    smooth_beta: the slope of ``"smooth"`` (default 1.0).
+
+  Returns:
+    A ``GradientTransformation`` whose state is a ``ScaleByLionState``.
+
+  References:
+    Chen et al., "Symbolic Discovery of Optimization Algorithms", NeurIPS
+    2023 (https://arxiv.org/abs/2302.06675).
   """
   if mode not in _LION_MODES:
     raise ValueError(
@@ -83,10 +96,14 @@ def scale_by_lion(
 
 
 def scale_by_sign() -> base.GradientTransformation:
-  """Replaces every update by its sign.
+  """Replaces every update element by its sign.
 
-  Reference: Bernstein et al., signSGD: Compressed Optimisation for
-  Non-Convex Problems, 2018 (https://arxiv.org/abs/1802.04434).
+  Returns:
+    A stateless ``GradientTransformation``.
+
+  References:
+    Bernstein et al., "signSGD: Compressed Optimisation for Non-Convex
+    Problems", ICML 2018 (https://arxiv.org/abs/1802.04434).
   """
   return base.stateless_with_tree_map(lambda g, _: jnp.sign(g))
 
@@ -105,18 +122,29 @@ def scale_by_rprop(
     min_step_size: jax.typing.ArrayLike = 1e-6,
     max_step_size: jax.typing.ArrayLike = 50.0,
 ) -> base.GradientTransformation:
-  """Rprop: per-coordinate step sizes grown (``eta_plus``) while the gradient
-  keeps its sign and shrunk (``eta_minus``) when it flips.
+  """Rprop's per-coordinate step sizes, adapted from the gradient's sign changes.
 
-  The step sizes start at ``learning_rate`` and stay within
+  The step sizes start at ``learning_rate``, grow by ``eta_plus`` while the
+  gradient keeps its sign and shrink by ``eta_minus`` when it flips, within
   ``[min_step_size, max_step_size]``; after a sign flip the coordinate does
-  not move. The output is ``+step * sign(g)`` of the *previous* step (zero at
-  the first), exactly as optax 0.2.8 computes it: negate it (as
-  :func:`shardopt.rprop` does) to descend.
+  not move. The output is ``+step * sign(g)`` of the *previous* step (zero
+  at the first), exactly as optax 0.2.8 computes it: negate it (as
+  ``shardopt.rprop`` does) to descend.
 
-  Reference: Riedmiller & Braun, A Direct Adaptive Method for Faster
-  Backpropagation Learning: The RPROP Algorithm, 1993
-  (https://doi.org/10.1109/ICNN.1993.298623).
+  Args:
+    learning_rate: the initial per-coordinate step size.
+    eta_minus: factor applied to a step size on a sign flip (default 0.5).
+    eta_plus: factor applied while the sign is kept (default 1.2).
+    min_step_size: lower bound of the step sizes (default 1e-6).
+    max_step_size: upper bound of the step sizes (default 50.0).
+
+  Returns:
+    A ``GradientTransformation`` whose state is a ``ScaleByRpropState``.
+
+  References:
+    Riedmiller & Braun, "A Direct Adaptive Method for Faster Backpropagation
+    Learning: The RPROP Algorithm", ICNN 1993
+    (https://doi.org/10.1109/ICNN.1993.298623).
   """
 
   def init_fn(params):

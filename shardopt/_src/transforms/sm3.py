@@ -81,14 +81,27 @@ def scale_by_sm3(
 ) -> base.GradientTransformation:
   """Scales updates by SM3's cover-based inverse square root (SM3-II).
 
+  For a param of rank ``k`` one accumulator vector per axis is kept (the
+  covers). A coordinate's accumulator is ``b2 * min(its covers) + g**2``
+  (``(1 - b2) * g**2`` when ``b2 < 1``); each cover then takes the maximum
+  of the accumulators over its slice. The scaled update ``g / sqrt(acc +
+  eps)`` (zero where ``acc`` is zero) goes through a momentum ``nu = b1 * nu
+  + (1 - b1) * scaled``, which is the output.
+
   Args:
-    b1: decay of the momentum of the scaled updates.
+    b1: decay of the momentum of the scaled updates (default 0.9).
     b2: decay of the accumulated squared gradients; 1.0 (the default) sums
       them as in the paper, otherwise an EMA with weight ``1 - b2``.
-    eps: added to the accumulator inside the inverse square root.
+    eps: added to the accumulator inside the inverse square root (default
+      1e-8).
 
-  Reference: Anil et al., "Memory-Efficient Adaptive Optimization", NeurIPS
-  2019 (https://arxiv.org/abs/1901.11150), Alg. SM3-II.
+  Returns:
+    A ``GradientTransformation`` whose state is a ``ScaleBySM3State``
+    (covers ``mu`` and momentum ``nu``).
+
+  References:
+    Anil et al., "Memory-Efficient Adaptive Optimization", NeurIPS 2019
+    (https://arxiv.org/abs/1901.11150), Algorithm SM3-II.
   """
   grad_sq_weight = 1.0 if b2 == 1.0 else 1.0 - b2
 

@@ -31,14 +31,25 @@ def add_decayed_weights(
     weight_decay: base.ScalarOrSchedule = 0.0,
     mask: Any | Callable[[base.Params], Any] | None = None,
 ) -> base.GradientTransformation:
-  """Adds ``weight_decay * param`` to each update (needs the params).
+  """Adds ``weight_decay * param`` to each update (decoupled weight decay).
 
-  ``weight_decay`` is a scalar or a schedule of the step count. ``mask`` (a
-  tree or prefix tree of bools, or a function of the params returning one)
-  restricts the decay to the leaves marked True.
+  Needs the params. With a schedule, the rate is ``weight_decay(count)``
+  with ``count`` the updates applied so far.
 
-  Reference: Loshchilov & Hutter, "Decoupled Weight Decay Regularization",
-  ICLR 2019 (https://arxiv.org/abs/1711.05101).
+  Args:
+    weight_decay: a scalar or a schedule of the step count (default 0.0).
+    mask: a tree (or prefix tree) of bools, or a function of the params
+      returning one, marking the leaves that decay; ``None`` (default)
+      decays all.
+
+  Returns:
+    A ``GradientTransformation``; its state is ``WeightDecaySchedule`` (the
+    count) for a schedule, empty otherwise, wrapped in ``masked`` when a
+    mask is given.
+
+  References:
+    Loshchilov & Hutter, "Decoupled Weight Decay Regularization", ICLR 2019
+    (https://arxiv.org/abs/1711.05101).
   """
   scheduled = callable(weight_decay)
 
