@@ -6,8 +6,13 @@ shape ``(n_1, ..., n_k, b, b)`` and returns a stack of the same shape.
 Eigendecompositions run one block at a time through ``jax.lax.map``: a
 batched ``eigh`` inside a program sharded over several simulated CPU devices
 can deadlock (LAPACK's batched loop waits on the thread pool that the other
-devices' threads hold). The coupled Newton iteration uses matrix products
-only, batched over the blocks, so it runs where the blocks live.
+devices' threads hold). The partitioner cannot split that loop over sharded
+blocks: at a refresh the compiled sharded step all-gathers each statistic
+and every device decomposes every block (the FSDP x TP transformer tree of
+tests/blocked_layout.py: 40 all-gathers; the statistics stay sharded
+between steps). The coupled Newton iteration uses matrix products only,
+batched over the blocks, so it runs where the blocks live: that step has no
+collective at all (tests/test_shampoo.py).
 """
 
 import jax

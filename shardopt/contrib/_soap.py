@@ -14,7 +14,7 @@ the gradient and ``m`` are rotated into the eigenbasis
 and the Adam step ``m'_hat / (sqrt(v_hat) + eps)`` is rotated back. This is
 Algorithm 3 of Vyas et al. with an eigendecomposition at each refresh in
 place of their one step of power iteration. Params of rank < 2 take Adam
-steps.
+steps. On a mesh, a refresh all-gathers the statistics (see _matrix_roots).
 """
 
 from typing import Any
