@@ -10,9 +10,11 @@ implementation lives in ``shardopt._src`` (see docs/architecture.md).
 """
 
 from shardopt import contrib
+from shardopt import losses
 from shardopt import schedules
 from shardopt import sharding
 from shardopt import tree
+from shardopt import tree_utils
 
 # Types and building blocks
 from shardopt._src.base import (
@@ -136,6 +138,15 @@ from shardopt._src.trax.adafactor import trax_adafactor, TraxAdafactorState
 from shardopt._src.trax.optimizers import trax_adam, trax_momentum, trax_rmsprop
 from shardopt._src.trax.sm3 import MomentumType, trax_sm3, TraxSM3State
 
+# Losses that optax also re-exports at its top level
+from shardopt.losses import (
+    convex_kl_divergence, cosine_distance, cosine_similarity, ctc_loss,
+    ctc_loss_with_forward_probs, generalized_kl_divergence, hinge_loss, huber_loss,
+    kl_divergence, l2_loss, log_cosh, ntxent, safe_softmax_cross_entropy,
+    sigmoid_binary_cross_entropy, sigmoid_focal_loss, smooth_labels, softmax_cross_entropy,
+    softmax_cross_entropy_with_integer_labels, squared_error,
+)
+
 # Schedules
 from shardopt.schedules import (
     constant_schedule, cosine_decay_schedule, exponential_decay, join_schedules,
@@ -208,4 +219,11 @@ __all__ = [
     "warmup_cosine_decay_schedule", "warmup_exponential_decay_schedule", "WeightDecaySchedule",
     "with_extra_args_support", "WrappedSchedule", "yogi", "zero_nans", "ZeroNansState",
     "ZoomLinesearchInfo",
+    # losses (as optax re-exports them) and the losses/tree_utils namespaces
+    "convex_kl_divergence", "cosine_distance", "cosine_similarity", "ctc_loss",
+    "ctc_loss_with_forward_probs", "generalized_kl_divergence", "hinge_loss", "huber_loss",
+    "kl_divergence", "l2_loss", "log_cosh", "losses", "ntxent", "safe_softmax_cross_entropy",
+    "sigmoid_binary_cross_entropy", "sigmoid_focal_loss", "smooth_labels",
+    "softmax_cross_entropy", "softmax_cross_entropy_with_integer_labels", "squared_error",
+    "tree_utils",
 ]
