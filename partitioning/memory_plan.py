@@ -84,22 +84,24 @@ def _tree_memory(tree: Any, num_devices: int) -> TreeMemory:
 
 
 class MemoryPlan(NamedTuple):
-  """Memory of params and (optionally) optimizer state on ``num_devices`` devices."""
+  """Memory of params, optionally optimizer state and gradients, on ``num_devices`` devices."""
 
   num_devices: int
   params: TreeMemory
   state: TreeMemory | None
+  grads: TreeMemory | None = None
 
   @property
   def per_device_bytes(self) -> int:
-    return self.params.per_device_bytes + (self.state.per_device_bytes if self.state else 0)
+    return sum(m.per_device_bytes for m in self if isinstance(m, TreeMemory))
 
   def table(self) -> str:
     """A printable table: total, per device, ideal and their ratio per tree."""
-    rows = [("params", self.params)]
-    if self.state is not None:
-      both = TreeMemory(*(a + b for a, b in zip(self.params, self.state)))
-      rows += [("opt state", self.state), ("params+state", both)]
+    trees = [("params", self.params), ("grads", self.grads), ("opt state", self.state)]
+    rows = [(name, m) for name, m in trees if m is not None]
+    if len(rows) > 1:
+      name = "+".join("state" if n == "opt state" else n for n, _ in rows)
+      rows.append((name, TreeMemory(*(sum(v) for v in zip(*(m for _, m in rows))))))
     header = ("", "total", "per device", "ideal (total/N)", "per-device/ideal")
     body = [
         (name, format_bytes(m.total_bytes), format_bytes(m.per_device_bytes),
@@ -109,20 +111,24 @@ class MemoryPlan(NamedTuple):
     return f"Memory plan on {self.num_devices} devices\n" + format_table(header, body, right_from=1)
 
 
-def memory_plan(params: Any, state: Any = None, *, num_devices: int | None = None) -> MemoryPlan:
-  """Plans per-device bytes of ``params`` and optimizer ``state`` from their shardings.
+def memory_plan(params: Any, state: Any = None, *, grads: Any = None,
+                num_devices: int | None = None) -> MemoryPlan:
+  """Plans per-device bytes of ``params``, optimizer ``state`` and ``grads`` from their shardings.
 
-  ``num_devices`` defaults to the largest device count among the leaves'
-  shardings (a NamedSharding's mesh size); pass it when no leaf has one.
+  ``grads`` are the gradients as the step holds them (the sharded step keeps
+  them in the params' shardings: pass the params again). ``num_devices``
+  defaults to the largest device count among the leaves' shardings (a
+  NamedSharding's mesh size); pass it when no leaf has one.
   """
   if num_devices is None:
     counts = [
         _device_count(getattr(x, "sharding", None))
-        for x in jax.tree.leaves((params, state))
+        for x in jax.tree.leaves((params, state, grads))
     ]
     counts = [c for c in counts if c is not None]
     if not counts:
       raise PartitionError("No leaf carries a sharding: pass num_devices=... to memory_plan.")
     num_devices = max(counts)
-  state_memory = None if state is None else _tree_memory(state, num_devices)
-  return MemoryPlan(num_devices, _tree_memory(params, num_devices), state_memory)
+  optional = lambda tree: None if tree is None else _tree_memory(tree, num_devices)
+  return MemoryPlan(num_devices, _tree_memory(params, num_devices), optional(state),
+                    optional(grads))

@@ -1,9 +1,12 @@
-"""Memory plan of a 7B decoder's optimizer state on 256 abstract devices."""
+"""Memory plans on abstract devices: a 7B decoder's optimizer state on 256,
+and params, gradients and ZeRO state of 7B on 256 and 70B on 2,048."""
 
 import jax
+import pytest
 
 import partitioning
 import shardopt
+from benchmarks import memory_plans
 
 MESH = {"fsdp": 16, "model": 16}
 
@@ -45,3 +48,36 @@ def test_7b_adam_state_is_ideally_sharded_and_adafactor_tiny():
   _, adafactor = state_memory(shardopt.adafactor(1e-4), abstract)
   print("7B decoder, Adafactor:\n" + adafactor.table())
   assert adafactor.state.per_device_bytes < 0.01 * adam.state.per_device_bytes
+
+
+@pytest.mark.parametrize("name,devices", [("7B", 256), ("70B", 2048)])
+def test_params_grads_and_zero_state_within_2_percent_of_ideal(name, devices):
+  """benchmarks/memory_plans.py: every tree within 2% of total / devices."""
+  model = memory_plans.models()[name]
+  memory, state_plan = memory_plans.plan(model, shardopt.adamw(1e-4))
+  count = sum(p.size for p in jax.tree.leaves(model.shapes))
+  assert memory.num_devices == devices
+  assert memory.params.total_bytes == 4 * count
+  assert memory.grads == memory.params  # laid out as the params
+  assert memory.state.total_bytes == 2 * 4 * count + 4  # mu, nu, count
+  for tree in (memory.params, memory.grads, memory.state):
+    assert tree.ideal_bytes == tree.total_bytes / devices
+    assert tree.ratio < 1.02
+  # ZeRO split the state the params' layout left whole (norm scales' moments
+  # among them); everything else it lists was already split over fsdp.
+  assert state_plan.zero_sharded
+  assert all("'fsdp' already used" in l.zero for l in state_plan.zero_skipped)
+
+
+def test_70b_per_device_bytes_by_hand():
+  """All but the norm scales split 2048 ways; the stacked scales (80, 8192)
+  split 256 ways (fsdp only), ln_f (8192,) replicated."""
+  memory, _ = memory_plans.plan(memory_plans.models()["70B"], shardopt.adamw(1e-4))
+  count = 68_976_648_192
+  assert sum(p.size for p in jax.tree.leaves(
+      memory_plans.models()["70B"].shapes)) == count
+  scales, ln_f = 2 * 80 * 8192 * 4, 8192 * 4
+  split = (4 * count - scales - ln_f) // 2048
+  assert memory.params.per_device_bytes == split + scales // 256 + ln_f
+  # The state's copies of ln_f are split over fsdp by ZeRO: 2 x 8192 / 256.
+  assert memory.state.per_device_bytes == 2 * (split + scales // 256) + 2 * ln_f // 256 + 4

@@ -43,13 +43,14 @@ def test_scanned_model_computes_the_unrolled_models_loss():
   cfg = ModelConfig(vocab=64, d_model=16, heads=2, head_dim=8, mlp=32, layers=3)
   tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 9), 0, 64)
   unrolled = Transformer(cfg)
-  params = unrolled.init(jax.random.PRNGKey(0), tokens[:, :-1])["params"]
+  params = jax.jit(unrolled.init)(jax.random.PRNGKey(0), tokens[:, :-1])["params"]
   per_layer = [params.pop(f"layers_{i}") for i in range(cfg.layers)]
   stacked = dict(params, layers=jax.tree.map(lambda *x: jnp.stack(x), *per_layer))
   scanned = Transformer(ModelConfig(**{**cfg.__dict__, "scan_layers": True}))
-  want = next_token_loss(unrolled, {**params, **{
+  loss = lambda model: jax.jit(lambda p, t: next_token_loss(model, p, t))
+  want = loss(unrolled)({**params, **{
       f"layers_{i}": p for i, p in enumerate(per_layer)}}, tokens)
-  got = next_token_loss(scanned, stacked, tokens)
+  got = loss(scanned)(stacked, tokens)
   np.testing.assert_allclose(got, want, rtol=1e-5)
   shapes = jax.eval_shape(scanned.init, jax.random.PRNGKey(0), tokens)["params"]
   assert shapes["layers"]["attn"]["query"]["kernel"].shape == (3, 16, 2, 8)

@@ -100,8 +100,8 @@ class StatePlan(NamedTuple):
     """Warns, listing the mirrors ZeRO could not shard and why, if any."""
     if self.zero_skipped:
       warnings.warn(
-          f"shard_state_over={self.axis!r} left these state leaves unsharded "
-          "over it: " + "; ".join(f"{l.path} ({l.zero})"
+          f"shard_state_over={self.axis!r} left these state leaves as they were "
+          "(not sharded over it by ZeRO): " + "; ".join(f"{l.path} ({l.zero})"
                                   for l in self.zero_skipped),
           ReplicatedStateWarning, stacklevel=stacklevel + 1)
 
