@@ -32,7 +32,23 @@ __all__ = [
 def chain(
     *args: base.GradientTransformation,
 ) -> base.GradientTransformationExtraArgs:
-  """Applies the transformations one after the other; the state is a tuple."""
+  """Applies the transformations one after the other; the state is a tuple.
+
+  ``update`` passes each transformation's output updates to the next, with
+  the same params and extra arguments (transformations without extra-args
+  support ignore them).
+
+  Args:
+    *args: the transformations, in order.
+
+  Returns:
+    A ``GradientTransformationExtraArgs`` whose state is the tuple of the
+    parts' states; ``update`` raises ValueError for a state with another
+    number of parts.
+
+  References:
+    optax's ``chain``.
+  """
   parts = [base.with_extra_args_support(tx) for tx in args]
 
   def init_fn(params):
@@ -55,7 +71,18 @@ def chain(
 def named_chain(
     *args: tuple[str, base.GradientTransformation],
 ) -> base.GradientTransformationExtraArgs:
-  """Like ``chain``, with the state an ordered dict keyed by the given names."""
+  """Like ``chain``, with the state an ordered dict keyed by the given names.
+
+  Args:
+    *args: ``(name, transformation)`` pairs, in order.
+
+  Returns:
+    A ``GradientTransformationExtraArgs`` whose state maps each name to its
+    transformation's state.
+
+  References:
+    optax's ``named_chain``.
+  """
   names = [name for name, _ in args]
   if len(set(names)) != len(names):
     raise ValueError(f"named_chain needs unique names, got {names}")
@@ -107,8 +134,24 @@ def partition(
 ) -> base.GradientTransformationExtraArgs:
   """Applies ``transforms[label]`` to the params labelled ``label``.
 
-  ``param_labels`` is a tree of labels with the structure of the params (or a
-  prefix of it), or a function of the params returning one.
+  Each transformation runs ``masked`` to its params, so its state holds only
+  their leaves (with their shardings). Also exported as ``multi_transform``.
+
+  Args:
+    transforms: a mapping from label to transformation.
+    param_labels: a tree of labels with the structure of the params (or a
+      prefix of it), or a function of the params returning one; a label
+      missing from ``transforms`` raises ValueError naming its path.
+    mask_compatible_extra_args: whether extra arguments with the updates'
+      tree structure are masked too, for each transformation (default
+      False; keyword only).
+
+  Returns:
+    A ``GradientTransformationExtraArgs`` whose state is a
+    ``PartitionState`` (the inner states by label).
+
+  References:
+    optax's ``partition`` (``multi_transform``).
   """
   transforms = {
       label: base.with_extra_args_support(tx)
@@ -150,8 +193,23 @@ def selective_transform(
     *,
     freeze_mask: Any,
 ) -> base.GradientTransformationExtraArgs:
-  """Runs ``optimizer`` on the params where ``freeze_mask`` is False and zeros
-  the updates of the others (labels "train" and "freeze" of a partition)."""
+  """Runs ``optimizer`` on the params not frozen and zeros the updates of the others.
+
+  A ``partition`` with labels ``"train"`` (``optimizer``) and ``"freeze"``
+  (``set_to_zero``).
+
+  Args:
+    optimizer: the transformation of the trained params.
+    freeze_mask: a tree of bools with the params' structure, True where the
+      param is frozen (keyword only).
+
+  Returns:
+    A ``GradientTransformationExtraArgs`` whose state is a
+    ``PartitionState``.
+
+  References:
+    optax's ``selective_transform``.
+  """
   labels = jax.tree.map(lambda frozen: "freeze" if frozen else "train",
                         freeze_mask)
   return partition(

@@ -67,8 +67,24 @@ def conditionally_transform(
     should_transform_fn: ConditionFn,
     forward_extra_args: bool = False,
 ) -> base.GradientTransformationExtraArgs:
-  """Runs ``inner`` at the steps where ``should_transform_fn(step)`` holds;
-  at the others the updates and the inner state pass through unchanged."""
+  """Runs ``inner`` at the steps where ``should_transform_fn(step)`` holds.
+
+  At the other steps the updates and the inner state pass through
+  unchanged. ``step`` counts the updates seen so far (0 at the first).
+
+  Args:
+    inner: the transformation to run conditionally.
+    should_transform_fn: ``(step, **extra_args) -> bool scalar``.
+    forward_extra_args: whether the update's extra arguments are passed to
+      ``should_transform_fn`` (default False).
+
+  Returns:
+    A ``GradientTransformationExtraArgs`` whose state is a
+    ``ConditionallyTransformState``.
+
+  References:
+    optax's ``conditionally_transform``.
+  """
   inner = base.with_extra_args_support(inner)
 
   def init_fn(params):
@@ -92,8 +108,23 @@ def conditionally_mask(
     should_transform_fn: ConditionFn,
     forward_extra_args: bool = False,
 ) -> base.GradientTransformationExtraArgs:
-  """Runs ``inner`` at the steps where ``should_transform_fn(step)`` holds;
-  at the others the updates are zeroed and the inner state is kept."""
+  """Runs ``inner`` where ``should_transform_fn(step)`` holds, zeros the updates elsewhere.
+
+  At the other steps the updates are zeroed and the inner state is kept.
+
+  Args:
+    inner: the transformation to run conditionally.
+    should_transform_fn: ``(step, **extra_args) -> bool scalar``.
+    forward_extra_args: whether the update's extra arguments are passed to
+      ``should_transform_fn`` (default False).
+
+  Returns:
+    A ``GradientTransformationExtraArgs`` whose state is a
+    ``ConditionallyMaskState``.
+
+  References:
+    optax's ``conditionally_mask``.
+  """
   inner = base.with_extra_args_support(inner)
 
   def init_fn(params):
@@ -136,11 +167,23 @@ def apply_if_finite(
 ) -> base.GradientTransformationExtraArgs:
   """Skips (zeros) updates containing NaN or Inf, keeping the inner state.
 
-  Once more than ``max_consecutive_errors`` arrive in a row it gives up and
+  A non-finite update leaves the inner state as it was and returns zeros;
+  once more than ``max_consecutive_errors`` arrive in a row it gives up and
   applies them.
 
-  Reference: the skipped step of dynamic loss scaling, Micikevicius et al.,
-  "Mixed Precision Training", ICLR 2018 (https://arxiv.org/abs/1710.03740).
+  Args:
+    inner: the transformation to protect.
+    max_consecutive_errors: how many non-finite updates in a row are
+      skipped.
+
+  Returns:
+    A ``GradientTransformationExtraArgs`` whose state is an
+    ``ApplyIfFiniteState`` (consecutive and total non-finite counts, whether
+    the last update was finite, the inner state).
+
+  References:
+    The skipped step of dynamic loss scaling, Micikevicius et al., "Mixed
+    Precision Training", ICLR 2018 (https://arxiv.org/abs/1710.03740).
   """
   inner = base.with_extra_args_support(inner)
 
@@ -175,7 +218,14 @@ def skip_not_finite(
 ) -> tuple[jax.Array, dict]:
   """A ``MultiSteps`` skip test: skip when any update is NaN or Inf.
 
-  Returns ``(should_skip, {"should_skip", "num_not_finite"})``.
+  Args:
+    updates: the updates of the step.
+    gradient_step: the step count (unused).
+    params: the params (unused).
+
+  Returns:
+    ``(should_skip, {"should_skip": ..., "num_not_finite": ...})``: a bool
+    scalar and the number of non-finite elements.
   """
   del gradient_step, params
   counts = [jnp.sum(~jnp.isfinite(u)) for u in jax.tree.leaves(updates)]
@@ -189,11 +239,20 @@ def skip_large_updates(
     updates: base.Updates, gradient_step: jax.typing.ArrayLike,
     params: base.Params | None, max_squared_norm: jax.typing.ArrayLike,
 ) -> tuple[jax.Array, dict]:
-  """A ``MultiSteps`` skip test: skip unless the squared global norm of the
-  updates is below ``max_squared_norm`` (a NaN norm is skipped too); bind
-  ``max_squared_norm`` with ``functools.partial``.
+  """A ``MultiSteps`` skip test: skip unless the updates' squared norm is small.
 
-  Returns ``(should_skip, {"should_skip", "norm_squared"})``.
+  Skips when the squared global norm is not below ``max_squared_norm`` (a
+  NaN norm is skipped too); bind ``max_squared_norm`` with
+  ``functools.partial``.
+
+  Args:
+    updates: the updates of the step.
+    gradient_step: the step count (unused).
+    params: the params (unused).
+    max_squared_norm: the bound of the squared global norm.
+
+  Returns:
+    ``(should_skip, {"should_skip": ..., "norm_squared": ...})``.
   """
   del gradient_step, params
   norm_squared = sum((jnp.sum(numerics.abs_sq(u))

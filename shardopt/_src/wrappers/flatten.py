@@ -35,11 +35,23 @@ def _like(template, vector: jax.Array):
 
 def flatten(inner: base.GradientTransformation
             ) -> base.GradientTransformationExtraArgs:
-  """``inner`` applied to the concatenation of all params and updates.
+  """Applies ``inner`` to the concatenation of all params and updates.
 
   Leaf-wise transformations give the same numbers as without ``flatten``;
   transformations that reduce over a leaf (norms, trust ratios, factored
-  moments) now reduce over the whole tree.
+  moments) now reduce over the whole tree. The inner state is laid out for
+  one vector, so it is not sharded like any param: use it for small,
+  unsharded trees.
+
+  Args:
+    inner: the transformation to run on the flat vector.
+
+  Returns:
+    A ``GradientTransformationExtraArgs`` whose state is ``inner``'s state
+    of the flat vector.
+
+  References:
+    optax's ``flatten``.
   """
   inner = base.with_extra_args_support(inner)
 

@@ -100,17 +100,28 @@ def inject_hyperparams(
 ) -> Callable[..., base.GradientTransformationExtraArgs]:
   """Wraps ``inner_factory`` so its numeric arguments become state.
 
+  The returned factory builds a transformation whose state holds the
+  hyperparameters (``state.hyperparams``): numbers can be changed between
+  steps, and a schedule given for any numeric argument is evaluated at the
+  step count before each update.
+
   Args:
-    inner_factory: builds the inner transformation from hyperparameters, e.g.
-      ``shardopt.adam``.
+    inner_factory: builds the inner transformation from hyperparameters,
+      e.g. ``shardopt.adam``.
     static_args: names of arguments that are callables but not schedules (or
-      otherwise must stay Python values).
-    hyperparam_dtype: dtype of the floating hyperparameters; by default the
-      widest floating dtype of the params.
+      otherwise must stay Python values); a name that is not a parameter of
+      ``inner_factory`` raises ValueError.
+    hyperparam_dtype: dtype of the floating hyperparameters; ``None``
+      (default) uses the widest floating dtype of the params.
 
   Returns:
     A factory with ``inner_factory``'s signature that accepts a schedule
-    (``count -> value``) wherever a number is expected.
+    (``count -> value``) wherever a number is expected and returns a
+    ``GradientTransformationExtraArgs`` whose state is an
+    ``InjectHyperparamsState``.
+
+  References:
+    optax's ``inject_hyperparams``.
   """
   signature, static_args = factory_signature(inner_factory, static_args)
 

@@ -76,21 +76,30 @@ def inject_stateful_hyperparams(
     static_args: str | Iterable[str] = (),
     hyperparam_dtype=None,
 ) -> Callable[..., base.GradientTransformationExtraArgs]:
-  """Wraps ``inner_factory`` so its numeric arguments become state and any of
-  them may be a stateful or a plain schedule.
+  """Wraps ``inner_factory`` so its numeric arguments become state, schedules stateful.
+
+  Like ``inject_hyperparams``, and any numeric argument may also be a
+  stateful schedule: an object with ``init()``, ``__call__(state,
+  **extra_args)`` giving the value and ``update(state, **extra_args)``
+  advancing the state (a plain schedule is wrapped in ``WrappedSchedule``).
 
   Args:
-    inner_factory: builds the inner transformation from hyperparameters, e.g.
-      ``shardopt.adam``.
+    inner_factory: builds the inner transformation from hyperparameters,
+      e.g. ``shardopt.adam``.
     static_args: names of arguments that are callables but not schedules.
-    hyperparam_dtype: dtype of the floating hyperparameters; by default the
-      widest floating dtype of the params.
+    hyperparam_dtype: dtype of the floating hyperparameters; ``None``
+      (default) uses the widest floating dtype of the params.
 
   Returns:
-    A factory with ``inner_factory``'s signature. Each update evaluates every
-    schedule on its current state (and the update's extra arguments), then
-    advances that state; constants can be changed by the user between steps
-    in ``state.hyperparams``.
+    A factory with ``inner_factory``'s signature returning a
+    ``GradientTransformationExtraArgs`` whose state is an
+    ``InjectStatefulHyperparamsState``. Each update evaluates every schedule
+    on its current state (and the update's extra arguments), then advances
+    that state; constants can be changed by the user between steps in
+    ``state.hyperparams``.
+
+  References:
+    optax's ``inject_stateful_hyperparams``.
   """
   signature, static_args = inject_hyperparams_lib.factory_signature(inner_factory, static_args)
 

@@ -68,22 +68,31 @@ def lookahead(
     slow_step_size: jax.typing.ArrayLike,
     reset_state: bool = False,
 ) -> base.GradientTransformation:
-  """Lookahead around ``fast_optimizer``.
+  """Lookahead around ``fast_optimizer``: k fast steps forward, one slow step back.
+
+  ``init`` takes a ``LookaheadParams`` (or the fast params alone);
+  ``update`` needs the ``LookaheadParams`` and the gradients at
+  ``params.fast``. Every ``sync_period`` steps the slow params move
+  ``slow_step_size`` of the way to the fast ones and the fast params are
+  reset to them. Do not change the returned updates before applying them,
+  or the pair drifts apart.
 
   Args:
     fast_optimizer: the optimizer of the fast params (its updates are the
       fast steps).
-    sync_period: fast steps between two syncs; at least 1.
+    sync_period: fast steps between two syncs; below 1 raises ValueError.
     slow_step_size: the fraction of the way from ``slow`` to ``fast`` that
       the slow params move at a sync.
-    reset_state: re-initialise the fast optimizer's state at every sync.
+    reset_state: re-initialise the fast optimizer's state at every sync
+      (default False).
 
-  ``init`` takes a ``LookaheadParams`` (or the fast params alone); ``update``
-  needs the ``LookaheadParams`` and the gradients at ``params.fast``. Do not
-  change the returned updates before applying them, or the pair drifts apart.
+  Returns:
+    A ``GradientTransformation`` whose state is a ``LookaheadState`` and
+    whose updates are a ``LookaheadParams`` of fast and slow updates.
 
-  Reference: Zhang et al., "Lookahead Optimizer: k steps forward, 1 step
-  back", NeurIPS 2019 (https://arxiv.org/abs/1907.08610).
+  References:
+    Zhang et al., "Lookahead Optimizer: k steps forward, 1 step back",
+    NeurIPS 2019 (https://arxiv.org/abs/1907.08610).
   """
   if sync_period < 1:
     raise ValueError(f"lookahead: sync_period must be >= 1, got {sync_period}")

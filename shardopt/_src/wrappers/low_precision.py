@@ -44,13 +44,22 @@ def low_precision_state(
 ) -> base.GradientTransformationExtraArgs:
   """Stores the floating state of ``inner`` in ``dtype`` between steps.
 
+  Each update casts the state up to the dtype ``inner`` built it in, runs
+  ``inner`` and rounds the new floating state leaves down to ``dtype``.
+
   Args:
     inner: any transformation (shardopt's or optax's).
-    dtype: storage dtype of floating state leaves, e.g. ``jnp.bfloat16``.
+    dtype: storage dtype of floating state leaves (default
+      ``jnp.bfloat16``).
 
   Returns:
-    A transformation with ``inner``'s updates (up to the rounding of its state)
-    whose floating state leaves have dtype ``dtype``.
+    A ``GradientTransformationExtraArgs`` with ``inner``'s updates (up to
+    the rounding of its state) whose floating state leaves have dtype
+    ``dtype``.
+
+  References:
+    Kalamkar et al., "A Study of BFLOAT16 for Deep Learning Training", 2019
+    (https://arxiv.org/abs/1905.12322).
   """
   inner = base.with_extra_args_support(inner)
 

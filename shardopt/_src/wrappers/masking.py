@@ -102,11 +102,27 @@ def masked(
     *,
     mask_compatible_extra_args: bool = False,
 ) -> base.GradientTransformationExtraArgs:
-  """Applies ``inner`` where ``mask`` is True; passes other updates through.
+  """Applies ``inner`` where ``mask`` is True; passes the other updates through.
 
-  ``mask`` must be static (Python bools or concrete arrays) for the result to
-  be jittable. With ``mask_compatible_extra_args``, extra arguments with the
-  tree structure of the updates are masked the same way.
+  The inner transformation sees only the masked-in leaves (the others are
+  ``MaskedNode``), so its state holds no copy of the masked-out params.
+
+  Args:
+    inner: the transformation to apply to the masked-in params.
+    mask: a tree of bools with the params' structure (or a prefix of it), or
+      a function of the params returning one; it must be static (Python
+      bools or concrete arrays) for the result to be jittable. A mask that
+      does not match the params raises ValueError naming the first
+      mismatching path.
+    mask_compatible_extra_args: whether extra arguments with the tree
+      structure of the updates are masked the same way (default False;
+      keyword only).
+
+  Returns:
+    A ``GradientTransformationExtraArgs`` whose state is a ``MaskedState``.
+
+  References:
+    optax's ``masked``.
   """
   inner = base.with_extra_args_support(inner)
 
@@ -130,5 +146,16 @@ def masked(
 
 
 def freeze(mask: Mask) -> base.GradientTransformationExtraArgs:
-  """Zeros the updates where ``mask`` is True (a bool freezes all or none)."""
+  """Zeros the updates where ``mask`` is True.
+
+  Args:
+    mask: a tree of bools (or a prefix of the params' structure; a single
+      bool freezes all or none), or a function of the params returning one.
+
+  Returns:
+    A ``GradientTransformationExtraArgs``: ``masked(set_to_zero(), mask)``.
+
+  References:
+    optax's ``freeze``.
+  """
   return masked(base.set_to_zero(), mask)

@@ -38,8 +38,18 @@ class SnapshotState(NamedTuple):
 def snapshot(measure_name: str, measure: Measure) -> base.GradientTransformation:
   """Stores ``measure(updates)`` in the state under ``measure_name``.
 
-  Placed inside a chain, it sees the updates as transformed so far.
-  Reference: optax (``optax.snapshot``, added in 0.2.6).
+  Placed inside a chain, it sees the updates as transformed so far; the
+  updates pass through unchanged. ``init`` stores ``measure(params)``.
+
+  Args:
+    measure_name: the key of the measurement in the state.
+    measure: a function of the updates.
+
+  Returns:
+    A ``GradientTransformation`` whose state is a ``SnapshotState``.
+
+  References:
+    optax's ``snapshot`` (added in 0.2.6).
   """
 
   def init_fn(params):
@@ -72,13 +82,22 @@ def monitor(
 ) -> base.GradientTransformationExtraArgs:
   """Records several, possibly stateful, measurements of the updates.
 
-  ``measures`` maps names to functions of the updates or to transformations
-  whose output is the measurement (such as :func:`measure_with_ema`). The
-  measurements hold the values of the latest step; at init (where optax's
-  are empty) they are zeros shaped like the measures of zero updates, so the
-  state keeps one structure (fixed shardings, donation, ``lax.scan``); init
-  calls each measure's update with the params and no extra arguments.
-  Reference: optax (``optax.monitor``, added in 0.2.7).
+  The measurements hold the values of the latest step; at init (where
+  optax's are empty) they are zeros shaped like the measures of zero
+  updates, so the state keeps one structure (fixed shardings, donation,
+  ``lax.scan``); init calls each measure's update with the params and no
+  extra arguments. The updates pass through unchanged.
+
+  Args:
+    measures: maps names to functions of the updates or to transformations
+      whose output is the measurement (such as ``measure_with_ema``).
+
+  Returns:
+    A ``GradientTransformationExtraArgs`` whose state is a ``MonitorState``
+    (the latest measurements by name and the measures' own states).
+
+  References:
+    optax's ``monitor`` (added in 0.2.7).
   """
   names = tuple(measures)
   transforms = tuple(_as_transform(measures[name]) for name in names)
@@ -114,10 +133,23 @@ def measure_with_ema(
 ) -> base.GradientTransformationExtraArgs:
   """A transformation whose output is an EMA of ``measure(updates)``.
 
-  Meant for :func:`monitor`; the EMA's accumulator is shaped like
+  Meant for ``monitor``; the EMA's accumulator is shaped like
   ``measure(params)``, in the floating dtype that averaging gives it (a
   boolean measure has a float32 average, where optax's starts boolean).
-  Reference: optax (``optax.measure_with_ema``, 0.2.7).
+
+  Args:
+    measure: a function of the updates.
+    decay: the decay of the EMA.
+    debias: whether to divide by ``1 - decay**count`` (default True).
+    accumulator_dtype: dtype of the average; ``None`` (default) keeps the
+      measure's floating dtype.
+
+  Returns:
+    A ``GradientTransformationExtraArgs`` (a ``chain`` of the measure and
+    ``ema``) whose updates are the averaged measurement, not the updates.
+
+  References:
+    optax's ``measure_with_ema`` (added in 0.2.7).
   """
   average = ema(decay, debias, accumulator_dtype)
 

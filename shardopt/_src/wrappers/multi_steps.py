@@ -30,14 +30,22 @@ class ApplyEvery(NamedTuple):
 
 
 def apply_every(k: int = 1) -> base.GradientTransformation:
-  """Sums the updates of k steps and emits the sum on the k-th, zeros before.
+  """Sums the updates of ``k`` steps and emits the sum on the k-th, zeros before.
 
-  Transformations chained before it still update their state every step; use
-  ``MultiSteps`` to hold the whole optimizer between applications.
+  Transformations chained before it still update their state every step;
+  use ``MultiSteps`` to hold the whole optimizer between applications.
 
-  Reference: gradient accumulation ("delayed updates") as in Ott et al.,
-  "Scaling Neural Machine Translation", WMT 2018
-  (https://arxiv.org/abs/1806.00187).
+  Args:
+    k: the number of steps summed (default 1).
+
+  Returns:
+    A ``GradientTransformation`` whose state is an ``ApplyEvery`` (count and
+    the running sum).
+
+  References:
+    Gradient accumulation ("delayed updates") as in Ott et al., "Scaling
+    Neural Machine Translation", WMT 2018
+    (https://arxiv.org/abs/1806.00187).
   """
 
   def init_fn(params):
