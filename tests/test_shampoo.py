@@ -159,18 +159,17 @@ def test_state_bytes_per_device_near_ideal():
   assert ratio <= 1.15, f"{most} bytes on a device, {total} in all"
 
 
-@pytest.mark.parametrize("method, gathers", [("newton", False), ("eigh", True)])
-def test_sharded_step_communication(method, gathers):
-  """The compiled sharded step of a (2, 4)-sharded matrix: Newton's inverse
-  roots run where the blocks live (no collective); per-block eigh through
-  lax.map makes the partitioner all-gather the statistics."""
-  mesh = blocked_layout.mesh()
-  sharding = jax.sharding.NamedSharding(
-      mesh, jax.sharding.PartitionSpec("data", "model"))
-  params = {"w": jax.device_put(jnp.ones((16, 32)), sharding)}
+@pytest.mark.parametrize("axis_type, method, gathers", [
+    ("Auto", "newton", False), ("Auto", "eigh", True), ("Explicit", "eigh", False)])
+def test_sharded_step_communication(axis_type, method, gathers):
+  """The compiled sharded step of a (2, 4)-sharded matrix, and its result.
+
+  Newton's inverse roots run where the blocks live (no collective). Per-block
+  eigh through lax.map: on Auto axes the partitioner all-gathers the
+  statistics; on Explicit axes each device maps over its own blocks
+  (shard_map), again with no collective.
+  """
   tx = shardopt.contrib.shampoo(0.1, block_size=4, inverse_root_method=method)
-  opt = shardopt.make_sharded_optimizer(tx, params, {"w": sharding},
-                                        donate=False)
-  text = opt.update.lower(params, opt.init(params), params).compile().as_text()
+  text = blocked_layout.assert_matrix_step_matches(tx, axis_type)
   assert ("all-gather(" in text) == gathers
   assert "all-reduce(" not in text

@@ -124,3 +124,13 @@ def test_blocks_that_straddle_shards_are_refused():
   tx = shardopt.contrib.soap(0.1, block_size=16, max_shards=2)
   with pytest.raises(ValueError, match=r"params\['w'\]: dimension 1 .*model"):
     shardopt.plan_state_shardings(tx, params, shardings)
+
+
+@pytest.mark.parametrize("axis_type, gathers", [("Auto", True), ("Explicit", False)])
+def test_sharded_step_communication(axis_type, gathers):
+  """On Auto axes the partitioner all-gathers the statistics for the
+  per-block eigh; on Explicit axes each device decomposes its own blocks."""
+  tx = shardopt.contrib.soap(0.1, block_size=4)
+  text = blocked_layout.assert_matrix_step_matches(tx, axis_type)
+  assert ("all-gather(" in text) == gathers
+  assert "all-reduce(" not in text

@@ -37,11 +37,13 @@ __all__ = [
     "block_layout",
     "block_sizes",
     "check_aligned",
+    "explicit_spec",
     "eye_like",
     "from_blocks",
     "gram",
     "is_blocked",
     "refresh_due",
+    "reshape",
     "to_blocks",
     "unzip",
 ]
@@ -102,7 +104,7 @@ def block_layout(params, block_size: int, max_shards: int | None = None) -> Any:
   return jax.tree.map(layout, params)
 
 
-def _explicit_spec(x) -> tuple | None:
+def explicit_spec(x) -> tuple | None:
   """``x``'s spec (one entry per dim) when it carries Explicit mesh axes."""
   sharding = getattr(jax.typeof(x), "sharding", None)
   if sharding is None or sharding.mesh.empty or not any(sharding.spec):
@@ -111,7 +113,7 @@ def _explicit_spec(x) -> tuple | None:
   return spec + (None,) * (x.ndim - len(spec))
 
 
-def _reshape(x, shape, spec_entries):
+def reshape(x, shape, spec_entries):
   """``x.reshape(shape)``, telling JAX the result's spec on Explicit axes."""
   if spec_entries is None:
     return jnp.reshape(x, shape)
@@ -124,9 +126,9 @@ def to_blocks(x: jax.Array, block: tuple[int, ...]) -> jax.Array:
   """``(d_1..d_k) -> (n_1..n_k, b_1..b_k)``; block dims keep ``x``'s axes."""
   k = x.ndim
   split = [s for d, b in zip(x.shape, block) for s in (d // b, b)]
-  spec = _explicit_spec(x)
+  spec = explicit_spec(x)
   split_spec = None if spec is None else [e for s in spec for e in (s, None)]
-  y = _reshape(x, split, split_spec)
+  y = reshape(x, split, split_spec)
   return jnp.transpose(y, [2 * i for i in range(k)] + [2 * i + 1 for i in range(k)])
 
 
@@ -134,7 +136,7 @@ def from_blocks(y: jax.Array, like: jax.Array) -> jax.Array:
   """Inverse of ``to_blocks``: back to ``like``'s shape (and spec)."""
   k = like.ndim
   order = [j for i in range(k) for j in (i, k + i)]
-  return _reshape(jnp.transpose(y, order), like.shape, _explicit_spec(like))
+  return reshape(jnp.transpose(y, order), like.shape, explicit_spec(like))
 
 
 def _subscripts(k: int) -> tuple[str, str]:
@@ -168,7 +170,7 @@ def eye_like(mats: jax.Array) -> jax.Array:
 
 def check_aligned(path: str, x, block: tuple[int, ...]) -> None:
   """Raises when blocks of ``x`` would straddle two shards of ``x``."""
-  spec = _explicit_spec(x)
+  spec = explicit_spec(x)
   if spec is None:
     return
   mesh = jax.typeof(x).sharding.mesh

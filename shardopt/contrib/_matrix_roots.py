@@ -6,26 +6,38 @@ shape ``(n_1, ..., n_k, b, b)`` and returns a stack of the same shape.
 Eigendecompositions run one block at a time through ``jax.lax.map``: a
 batched ``eigh`` inside a program sharded over several simulated CPU devices
 can deadlock (LAPACK's batched loop waits on the thread pool that the other
-devices' threads hold). The partitioner cannot split that loop over sharded
-blocks: at a refresh the compiled sharded step all-gathers each statistic
-and every device decomposes every block (the FSDP x TP transformer tree of
-tests/blocked_layout.py: 40 all-gathers; the statistics stay sharded
-between steps). The coupled Newton iteration uses matrix products only,
-batched over the blocks, so it runs where the blocks live: that step has no
-collective at all (tests/test_shampoo.py).
+devices' threads hold). On Explicit mesh axes the blocks' shardings are
+known while tracing, and each device maps over its own blocks
+(``jax.shard_map``): the compiled step has no collective. On Auto axes the
+partitioner cannot split that loop over sharded blocks: at a refresh the
+step all-gathers each statistic and every device decomposes every block
+(the FSDP x TP transformer tree of tests/blocked_layout.py: 40
+all-gathers; the statistics stay sharded between steps). The coupled Newton
+iteration uses matrix products only, batched over the blocks, so it runs
+where the blocks live on either kind of axes, with no collective
+(tests/test_shampoo.py, tests/test_soap.py).
 """
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from shardopt.contrib import _blocking as blocking
 
 __all__ = ["eigenbasis", "inverse_root"]
 
 
 def _per_block(fn, mats: jax.Array) -> jax.Array:
-  """``fn`` applied to each ``(b, b)`` block, one after another."""
+  """``fn`` applied to each ``(b, b)`` block, one after another (on Explicit
+  mesh axes, each device through its own blocks)."""
   b = mats.shape[-1]
   flat = jnp.reshape(mats, (-1, b, b))
-  return jnp.reshape(jax.lax.map(fn, flat), mats.shape)
+  mapped = lambda blocks: jax.lax.map(fn, blocks)
+  spec = blocking.explicit_spec(flat)
+  if spec is not None:
+    mapped = jax.shard_map(mapped, mesh=jax.typeof(flat).sharding.mesh,
+                           in_specs=P(*spec), out_specs=P(*spec))
+  return blocking.reshape(mapped(flat), mats.shape, blocking.explicit_spec(mats))
 
 
 def eigenbasis(mats: jax.Array) -> jax.Array:

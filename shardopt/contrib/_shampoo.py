@@ -107,10 +107,10 @@ def scale_by_shampoo(
       preconditioners.
     start_preconditioning_step: the first step (1-based) that preconditions;
       earlier steps follow the grafting direction.
-    inverse_root_method: 'eigh' (one eigendecomposition per block; on a
-      mesh the refresh all-gathers the statistics) or 'newton' (the coupled
-      Newton iteration of Anil et al., matrix products only: the sharded
-      step has no collective).
+    inverse_root_method: 'eigh' (one eigendecomposition per block; on
+      Auto mesh axes a refresh all-gathers the statistics, on Explicit axes
+      it does not) or 'newton' (the coupled Newton iteration of Anil et al.,
+      matrix products only: the sharded step has no collective).
 
   Returns:
     A ``GradientTransformation`` whose state is a ``ShampooState``.

@@ -14,7 +14,8 @@ the gradient and ``m`` are rotated into the eigenbasis
 and the Adam step ``m'_hat / (sqrt(v_hat) + eps)`` is rotated back. This is
 Algorithm 3 of Vyas et al. with an eigendecomposition at each refresh in
 place of their one step of power iteration. Params of rank < 2 take Adam
-steps. On a mesh, a refresh all-gathers the statistics (see _matrix_roots).
+steps. On Auto mesh axes a refresh all-gathers the statistics; on Explicit
+axes each device decomposes its own blocks (see _matrix_roots).
 """
 
 from typing import Any
