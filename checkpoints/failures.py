@@ -3,7 +3,8 @@
 Only storage and decode failures count as corruption: TensorStore statuses
 ``DATA_LOSS`` (undecodable), ``NOT_FOUND`` (a file of a finalized step is
 missing), ``OUT_OF_RANGE`` (a truncated file) and ``FAILED_PRECONDITION``
-(e.g. a truncated compressed stream), a missing file, and undecodable JSON.
+(e.g. a truncated compressed stream), a missing file or item folder, and
+undecodable JSON.
 Everything else (a wrong restore target, permissions, transient I/O such as
 ``UNAVAILABLE`` or ``DEADLINE_EXCEEDED``, a timeout) is not corruption and
 propagates, so nothing silently rolls back to an older step.
@@ -16,6 +17,7 @@ import re
 __all__ = ["is_corruption", "leaf_of", "permission_denied", "summary"]
 
 _CORRUPTION_STATUSES = ("DATA_LOSS", "NOT_FOUND", "OUT_OF_RANGE", "FAILED_PRECONDITION")
+_MISSING_ITEM = "was not found in the checkpoint"  # Orbax: an item folder of the step is gone
 _STATUS = re.compile(r"^([A-Z_]+): ")
 _LEAF = re.compile(r'Error (?:reading|opening|decoding) "([^"/]+)/')
 _SPEC = re.compile(r" ?\[tensorstore_spec(\[\d+\])?='.*?'\]", re.DOTALL)
@@ -45,6 +47,8 @@ def is_corruption(exc: BaseException) -> bool:
     return False
   for e in _chain(exc):
     if isinstance(e, (json.JSONDecodeError, UnicodeDecodeError, FileNotFoundError)):
+      return True
+    if isinstance(e, KeyError) and _MISSING_ITEM in str(e):
       return True
     if _status(e) in _CORRUPTION_STATUSES:
       return True

@@ -1,0 +1,324 @@
+"""Checkpoint integrity: checksums written at save and verified on restore, what counts as corruption,
+construction errors, and Orbax noise kept off the terminal."""
+
+import errno
+import gc
+import json
+import os
+import pathlib
+import shutil
+import sys
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+import numpy as np
+import pytest
+import tensorstore
+
+import checkpoints as ck
+from checkpoints import integrity
+from checkpoints import quiet
+
+MESHES = {"2x4": (2, 4), "4x2": (4, 2), "8x1": (8, 1)}
+
+
+def _mesh(shape):
+  return jax.make_mesh(shape, ("a", "b"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
+def _sharding(where, spec=None):
+  if where == "1dev":
+    return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  return NamedSharding(_mesh(MESHES[where]), P("a", "b") if spec is None else spec)
+
+
+def _state(where="2x4", seed=0):
+  """A small state: one big leaf (most of the data file), a quantized int8 leaf, a step and a key."""
+  k1, k2 = jax.random.split(jax.random.key(seed))
+  return {
+      "params": {"w": jax.device_put(jax.random.normal(k1, (512, 1024)), _sharding(where))},
+      "opt_state": {"codes": jax.device_put(jax.random.randint(k2, (64, 128), -128, 127, jnp.int8),
+                                            _sharding(where, P("b", None)) if where != "1dev" else _sharding(where))},
+      "step": jnp.int32(seed),
+      "rng": jax.random.key(seed),
+  }
+
+
+def _target(where):
+  def leaf(x, spec):
+    sharding = _sharding(where, spec) if where != "1dev" else _sharding(where)
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+  state = jax.eval_shape(lambda: _state("1dev"))
+  specs = {"params": {"w": P("a", "b")}, "opt_state": {"codes": P("b", None)}, "step": P(), "rng": P()}
+  return jax.tree.map(leaf, state, specs)
+
+
+def _assert_bit_equal(got, want):
+  for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+      x, y = jax.random.key_data(x), jax.random.key_data(y)
+    np.testing.assert_array_equal(np.asarray(x).reshape(-1).view(np.uint8), np.asarray(y).reshape(-1).view(np.uint8))
+
+
+def _save_steps(directory, steps=(1, 2)):
+  with ck.CheckpointManager(directory, ck.CheckpointPolicy(async_save=False)) as mngr:
+    for step in steps:
+      mngr.save(step, _state(seed=step), metadata={"pos": step})
+
+
+def _flip_middle_of_largest_data_file(step_dir, n=64):
+  files = [p for p in (step_dir / "state").rglob("*") if p.is_file() and p.parent.name == "d"]
+  path = max(files, key=lambda p: p.stat().st_size)
+  data = bytearray(path.read_bytes())
+  mid = len(data) // 2
+  data[mid:mid + n] = bytes(b ^ 0xFF for b in data[mid:mid + n])
+  path.write_bytes(bytes(data))
+
+
+# The checksum itself ----------------------------------------------------
+
+
+def _reference_checksum(x: np.ndarray) -> list[int]:
+  """The documented formula on the whole array at once: words, then sums weighted by global indices."""
+  x = np.asarray(x).reshape(x.shape or (1,))
+  if x.dtype == np.bool_:
+    u = x.astype(np.uint64)
+  elif jax.dtypes.itemsize_bits(x.dtype) < 8:
+    u = (x.view(np.uint8) & ((1 << jax.dtypes.itemsize_bits(x.dtype)) - 1)).astype(np.uint64)
+  elif x.dtype.itemsize < 4:
+    u = x.view(np.uint8 if x.dtype.itemsize == 1 else np.uint16).astype(np.uint64)
+  else:
+    u = x.view(np.uint32).astype(np.uint64)
+  out = [int(u.sum()) % 2**32]
+  for index in np.indices(u.shape, dtype=np.uint64):
+    out.append(int((u * index).sum()) % 2**32)
+  return out
+
+
+CHECKSUM_CASES = {
+    "f32-2d": lambda k: jax.random.normal(k, (64, 96)),
+    "bf16-2d": lambda k: jax.random.normal(k, (64, 96)).astype(jnp.bfloat16),
+    "int8-3d": lambda k: jax.random.randint(k, (8, 16, 24), -128, 127, jnp.int8),
+    "bool-2d": lambda k: jax.random.bernoulli(k, 0.5, (64, 96)),
+    "int4-2d": lambda k: jax.random.randint(k, (64, 96), -8, 7, jnp.int8).astype(jnp.int4),
+    "f32-1d-long": lambda k: jax.random.normal(k, (5 * 4096 * 8 + 24,)),  # moments by blocks, with a tail
+    "u32-0d": lambda k: jax.random.bits(k, (), jnp.uint32),
+}
+
+
+@pytest.mark.parametrize("case", list(CHECKSUM_CASES))
+def test_checksum_equals_the_formula_on_any_layout_on_host_and_on_device(case):
+  x = CHECKSUM_CASES[case](jax.random.key(1))
+  want = _reference_checksum(np.asarray(x))
+  layouts = {"numpy": np.asarray(x), "1dev": jax.device_put(x, jax.devices()[0])}
+  if x.ndim >= 1:
+    spec = P(*(["a", "b"] + [None] * x.ndim)[:x.ndim]) if x.ndim >= 2 else P(("a", "b"))
+    for name in ("2x4", "4x2", "8x1"):
+      layouts[name] = jax.device_put(x, _sharding(name, spec))
+    layouts["replicated"] = jax.device_put(x, _sharding("2x4", P()))
+  for name, value in layouts.items():
+    assert integrity.checksums({"x": value})["x"] == want, name
+  for name in ("1dev", "2x4") if x.ndim >= 1 else ("1dev",):  # the accelerator path, run on CPU shards
+    assert integrity.checksums({"x": layouts[name]}, force_device=True)["x"] == want, name
+
+
+def test_checksum_changes_with_one_flipped_bit_and_with_moved_values():
+  x = np.asarray(jax.random.normal(jax.random.key(2), (32, 64)))
+  base = integrity.checksums({"x": x})["x"]
+  flipped = x.copy()
+  flipped.view(np.uint32)[17, 5] ^= 1 << 20
+  swapped_cols = x[:, ::-1].copy()
+  swapped_rows = x[::-1].copy()
+  for changed in (flipped, swapped_cols, swapped_rows):
+    assert integrity.checksums({"x": changed})["x"] != base
+
+
+# Damaged data -----------------------------------------------------------
+
+
+def test_flipped_bytes_in_a_data_file_name_leaf_and_step_and_the_previous_step_is_restored(tmp_path):
+  _save_steps(tmp_path)
+  _flip_middle_of_largest_data_file(tmp_path / "2")
+  with ck.CheckpointManager(tmp_path) as mngr:
+    with pytest.raises(ck.CorruptCheckpointError) as info:
+      mngr.restore(_target("2x4"))
+    assert info.value.step == 2 and info.value.leaves == ("params.w",)
+    assert "step 2" in str(info.value) and "'params.w'" in str(info.value)
+    restored = mngr.restore_latest_valid(_target("2x4"))
+  assert restored.step == 1 and restored.metadata == {"pos": 1}
+  assert [s.step for s in restored.skipped] == [2] and "'params.w'" in restored.skipped[0].reason
+  _assert_bit_equal(restored.state, _state(seed=1))
+
+
+def test_damage_is_found_when_restoring_onto_another_mesh(tmp_path):
+  _save_steps(tmp_path)
+  _flip_middle_of_largest_data_file(tmp_path / "2")
+  with ck.CheckpointManager(tmp_path) as mngr, pytest.raises(ck.CorruptCheckpointError, match="params.w"):
+    mngr.restore(_target("4x2"))
+
+
+@pytest.mark.parametrize("where", ["2x4", "4x2", "8x1", "1dev"])
+def test_cross_mesh_restore_is_bit_equal_with_checksums_verified(tmp_path, where, monkeypatch):
+  _save_steps(tmp_path, steps=(3,))
+  verified = []
+  real = integrity.checksums
+  monkeypatch.setattr(integrity, "checksums", lambda leaves, **kw: verified.append(sorted(leaves)) or real(leaves, **kw))
+  with ck.CheckpointManager(tmp_path) as mngr:
+    restored = mngr.restore(_target(where))
+  _assert_bit_equal(restored.state, _state(seed=3))
+  assert verified == [["opt_state.codes", "params.w", "rng", "step"]]
+
+
+def test_edited_record_or_metadata_is_corruption(tmp_path):
+  _save_steps(tmp_path)
+  record_file = tmp_path / "2" / "layout" / "metadata"
+  saved = json.loads(record_file.read_text())
+  saved["checksums"]["params.w"][0] ^= 1
+  record_file.write_text(json.dumps(saved))
+  (tmp_path / "1" / "metadata" / "metadata").write_text(json.dumps({"pos": 7}))
+  with ck.CheckpointManager(tmp_path) as mngr:
+    for step in (1, 2):
+      with pytest.raises(ck.CorruptCheckpointError, match=f"step {step} .*digest mismatch"):
+        mngr.restore(_target("2x4"), step)
+
+
+def test_deleted_step_folder_falls_back_and_a_deleted_item_folder_is_skipped(tmp_path):
+  _save_steps(tmp_path, steps=(1, 2, 3))
+  shutil.rmtree(tmp_path / "3")
+  shutil.rmtree(tmp_path / "2" / "state")
+  with ck.CheckpointManager(tmp_path) as mngr:
+    assert mngr.all_steps() == [1, 2]
+    with pytest.raises(ck.NoCheckpointError, match=r"step 3 .*steps there: \[1, 2\]"):
+      mngr.restore(_target("2x4"), 3)
+    with pytest.raises(ck.CorruptCheckpointError, match="step 2"):
+      mngr.restore(_target("2x4"))
+    restored = mngr.restore_latest_valid(_target("2x4"))
+  assert restored.step == 1 and [s.step for s in restored.skipped] == [2]
+
+
+# Errors that are not corruption ----------------------------------------------
+
+
+def test_target_mismatch_is_its_own_error_and_never_falls_back(tmp_path):
+  _save_steps(tmp_path)
+  target = _target("2x4")
+  target["params"]["w"] = jax.ShapeDtypeStruct((512, 512), jnp.float32, sharding=_sharding("2x4"))
+  with ck.CheckpointManager(tmp_path) as mngr:
+    for restore in (mngr.restore, mngr.restore_latest_valid):
+      with pytest.raises(ck.StructureMismatchError, match=r"params.w: saved float32\(512, 1024\) vs target"):
+        restore(target)
+
+
+def _failing_open(error):
+  def open_(*args, **kwargs):
+    raise error
+  return open_
+
+
+@pytest.mark.parametrize("error", [
+    ValueError('UNAVAILABLE: Error reading "params.w/0.0": connection reset'),
+    ValueError('DEADLINE_EXCEEDED: Error reading "params.w/0.0"'),
+    OSError(errno.EIO, "Input/output error"),
+], ids=["unavailable", "deadline", "eio"])
+def test_transient_read_error_propagates_as_itself(tmp_path, monkeypatch, error):
+  _save_steps(tmp_path)
+  monkeypatch.setattr(tensorstore, "open", _failing_open(error))
+  with ck.CheckpointManager(tmp_path) as mngr:
+    for restore in (mngr.restore, mngr.restore_latest_valid):
+      with pytest.raises(Exception) as info:
+        restore(_target("2x4"))
+      assert not isinstance(info.value, ck.CheckpointError)
+      assert info.value is error or error in _causes(info.value)
+
+
+def _causes(exc):
+  out = []
+  while exc is not None:
+    out.append(exc)
+    exc = exc.__cause__ or exc.__context__
+  return out
+
+
+def test_permission_denied_from_storage_is_a_permission_error(tmp_path, monkeypatch):
+  _save_steps(tmp_path)
+  denied = ValueError(f'PERMISSION_DENIED: Error opening "params.w/.zarray" in {tmp_path}/2/state')
+  monkeypatch.setattr(tensorstore, "open", _failing_open(denied))
+  with ck.CheckpointManager(tmp_path) as mngr:
+    for restore in (mngr.restore, mngr.restore_latest_valid):
+      with pytest.raises(PermissionError, match=r"step 2 .*permission denied") as info:
+        restore(_target("2x4"))
+      assert not isinstance(info.value, ck.CheckpointError)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
+def test_unreadable_files_are_a_permission_error(tmp_path):
+  _save_steps(tmp_path)
+  files = [p for p in (tmp_path / "2" / "state").rglob("*") if p.is_file() and p.parent.name == "d"]
+  for p in files:
+    p.chmod(0)
+  try:
+    with ck.CheckpointManager(tmp_path) as mngr, pytest.raises(PermissionError, match="step 2"):
+      mngr.restore_latest_valid(_target("2x4"))
+  finally:
+    for p in files:
+      p.chmod(0o644)
+
+
+# Construction -----------------------------------------------------------
+
+
+def test_a_file_as_directory_fails_at_construction_naming_it(tmp_path):
+  path = tmp_path / "ckpt"
+  path.write_text("not a directory")
+  with pytest.raises(ck.CheckpointDirectoryError, match=f"{path} is a file"):
+    ck.CheckpointManager(path)
+  assert path.read_text() == "not a directory"
+
+
+def test_an_unwritable_directory_fails_at_construction_naming_it(tmp_path):
+  if os.geteuid() == 0:  # root writes through file modes; sysfs refuses new entries to everyone
+    path = pathlib.Path("/sys/shardopt_checkpoints")
+  else:
+    parent = tmp_path / "read_only"
+    parent.mkdir(mode=0o555)
+    path = parent / "ckpt"
+  with pytest.raises(ck.CheckpointDirectoryError, match=f"Cannot write checkpoints to {path}"):
+    ck.CheckpointManager(path)
+
+
+def test_read_only_manager_restores_and_refuses_to_save(tmp_path):
+  _save_steps(tmp_path, steps=(1,))
+  with ck.CheckpointManager(tmp_path, read_only=True) as mngr:
+    _assert_bit_equal(mngr.restore(_target("8x1")).state, _state(seed=1))
+    with pytest.raises(ck.CheckpointError, match=r"read_only=True\) cannot save"):
+      mngr.save(2, _state(seed=2))
+  with pytest.raises(ck.CheckpointDirectoryError, match="does not exist"):
+    ck.CheckpointManager(tmp_path / "missing", read_only=True)
+
+
+# Noise ------------------------------------------------------------------
+
+
+def test_failed_read_prints_nothing_but_the_error(tmp_path, capfd):
+  _save_steps(tmp_path)
+  for p in (tmp_path / "2" / "state").rglob("*"):
+    if p.is_file() and p.parent.name == "d":
+      p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+  with ck.CheckpointManager(tmp_path) as mngr, pytest.raises(ck.CorruptCheckpointError) as info:
+    mngr.restore(_target("2x4"))
+  gc.collect()  # abandoned read coroutines report when collected
+  assert "tensorstore_spec" not in str(info.value) and len(str(info.value)) < 1000
+  err = capfd.readouterr().err
+  assert "Traceback" not in err and "Event loop is closed" not in err, err[:2000]
+
+
+def test_noise_hooks_route_only_orbax_noise_to_debug(capsys, caplog):
+  quiet.install()
+  caplog.set_level("DEBUG", logger="checkpoints.orbax_noise")
+  sys.excepthook(RuntimeError, RuntimeError("Event loop is closed"), None)
+  assert "Event loop is closed" not in capsys.readouterr().err
+  assert any("event loop closed" in r.getMessage() for r in caplog.records)
+  sys.excepthook(RuntimeError, RuntimeError("a real error"), None)
+  assert "a real error" in capsys.readouterr().err
