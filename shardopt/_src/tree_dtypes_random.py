@@ -92,7 +92,9 @@ def tree_random_like(
     rng_key: the key to split, one key per leaf.
     target_tree: the tree to imitate.
     sampler: ``sampler(key, shape, dtype)``, optionally taking
-      ``out_sharding`` (then each leaf is drawn in its target's sharding).
+      ``out_sharding``: then each leaf is drawn in the sharding of its
+      target's type, which carries the target's layout on a mesh whose axes
+      are Explicit.
     dtype: the leaves' dtype (default: each target leaf's).
 
   Returns:
