@@ -20,6 +20,8 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from shardopt.contrib._matrix_axes import as_matrix_stack
 
@@ -50,50 +52,87 @@ def _quintic_step(x, coeffs, gram):
   return coeffs[0] * x + b @ x
 
 
-def _gram(x):
-  return x @ x.T.conj()
+def _explicit_sharding(x) -> NamedSharding | None:
+  """``x``'s sharding (a spec entry per dimension) when it lives on a mesh
+  whose axes are all Explicit (its layout is known while tracing), else
+  None."""
+  sharding = jax.typeof(x).sharding
+  mesh = getattr(sharding, "mesh", None)
+  if mesh is None or mesh.empty or not mesh.are_all_axes_explicit:
+    return None
+  entries = tuple(sharding.spec)
+  return NamedSharding(mesh, P(*entries, *([None] * (x.ndim - len(entries)))))
 
 
-def _aol_first_step(x, coeffs, eps):
+def _gram_fn(mesh):
+  """``x -> x x^H``; on an Explicit ``mesh`` the partial products over the
+  sharded contraction are summed into a replicated (m, m) Gram matrix."""
+  out_sharding = None if mesh is None else NamedSharding(mesh, P())
+  return lambda x, conj=True: jnp.matmul(
+      x, x.T.conj() if conj else x.T, out_sharding=out_sharding)
+
+
+def _aol_first_step(x, coeffs, eps, gram_fn):
   """Almost-orthogonal-layer rescaling of the rows, then one step."""
-  gram = _gram(x)
+  gram = gram_fn(x)
   row_scale = jax.lax.rsqrt(jnp.clip(jnp.abs(gram).sum(axis=-1), min=eps))
   row_scale = row_scale[:, None]
   return _quintic_step(x * row_scale, coeffs,
                        gram * row_scale * row_scale.transpose(-1, -2))
 
 
-def _schatten_first_step(x, coeffs, eps):
+def _schatten_first_step(x, coeffs, eps, gram_fn):
   """Rescaling by the Schatten-4 norm (Frobenius norm of ``x x^T``)."""
-  gram = x @ x.T
+  gram = gram_fn(x, conj=False)
   scale = jax.lax.rsqrt(jnp.clip(
       jnp.linalg.norm(gram, ord="fro", axis=(-2, -1)), min=eps))
   scale = jnp.expand_dims(scale, (0, -1))
   return _quintic_step(x * scale, coeffs, gram * scale**2)
 
 
-def _first_step(preconditioning: str):
-  if preconditioning == "aol":
-    return _aol_first_step
-  if preconditioning == "schatten":
-    return _schatten_first_step
-  return lambda x, coeffs, eps: _quintic_step(x, coeffs, _gram(x))
+def _plain_first_step(x, coeffs, eps, gram_fn):
+  del eps
+  return _quintic_step(x, coeffs, gram_fn(x))
+
+
+_FIRST_STEPS = {"frobenius": _plain_first_step, "spectral": _plain_first_step,
+                "aol": _aol_first_step, "schatten": _schatten_first_step}
+
+
+def _precondition(x, preconditioning, eps, mesh):
+  if preconditioning == "frobenius":
+    return x / (jnp.linalg.norm(x, ord="fro") + eps)
+  if preconditioning == "spectral":
+    whole = x if mesh is None else jax.sharding.reshard(
+        x, NamedSharding(mesh, P()))
+    return x / (jnp.linalg.norm(whole, ord=2) + eps)
+  return x
 
 
 def _orthogonalize_matrix(x, coeffs, ns_steps, preconditioning, eps):
-  """One (m, n) matrix, the Gram matrix over its smaller side."""
+  """One (m, n) matrix, the Gram matrix over its smaller side.
+
+  On an Explicit mesh the layout is chosen here: the rows (the Gram side)
+  are gathered once, the columns stay sharded, so each iteration's only
+  communication is the all-reduce of the (m, m) Gram matrix; the result
+  is laid out as ``x`` was. Elsewhere XLA's propagation partitions it.
+  """
   tall = x.shape[0] > x.shape[1]
   x = x.T if tall else x
-  if preconditioning == "frobenius":
-    x = x / (jnp.linalg.norm(x, ord="fro") + eps)
-  elif preconditioning == "spectral":
-    x = x / (jnp.linalg.norm(x, ord=2) + eps)
+  layout = _explicit_sharding(x)
+  mesh = None if layout is None else layout.mesh
+  if layout is not None:
+    x = jax.sharding.reshard(x, NamedSharding(mesh, P(None, layout.spec[1])))
+  gram_fn = _gram_fn(mesh)
+  x = _precondition(x, preconditioning, eps, mesh)
   coeffs = coeffs.astype(x.dtype)
   per_step = ([coeffs] * int(ns_steps) if coeffs.ndim == 1
               else [coeffs[i] for i in range(coeffs.shape[0])])
-  x = _first_step(preconditioning)(x, per_step[0], eps)
+  x = _FIRST_STEPS[preconditioning](x, per_step[0], eps, gram_fn)
   for step_coeffs in per_step[1:]:
-    x = _quintic_step(x, step_coeffs, _gram(x))
+    x = _quintic_step(x, step_coeffs, gram_fn(x))
+  if layout is not None:
+    x = jax.sharding.reshard(x, layout)
   return x.T if tall else x
 
 

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from shardopt._src import base
 from shardopt._src import numerics
-from shardopt.contrib._dtypes import extreme_dtype
+from shardopt._src.tree_dtypes_random import tree_dtype
 
 __all__ = ["ReduceLROnPlateauState", "reduce_on_plateau"]
 
@@ -77,9 +77,9 @@ def reduce_on_plateau(
   _check_arguments(factor, rtol, atol)
 
   def init_fn(params):
-    highest = extreme_dtype(params, highest=True)
+    highest = tree_dtype(params, "highest")
     return ReduceLROnPlateauState(
-        scale=jnp.asarray(1.0, extreme_dtype(params, highest=False)),
+        scale=jnp.asarray(1.0, tree_dtype(params, "lowest")),
         best_value=jnp.asarray(float("inf"), highest),
         plateau_count=jnp.asarray(0, jnp.int32),
         cooldown_count=jnp.asarray(0, jnp.int32),

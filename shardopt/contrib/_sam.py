@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 from shardopt._src import base
 from shardopt._src import tree_math
+from shardopt._src.tree_reductions import tree_norm
 
 __all__ = ["NormalizeState", "SAMState", "normalize", "sam"]
 
@@ -32,7 +33,7 @@ def normalize() -> base.GradientTransformation:
 
   def update_fn(updates, state, params=None):
     del params
-    norm = tree_math.global_norm(updates)
+    norm = tree_norm(updates)
     return jax.tree.map(lambda g: g / norm, updates), state
 
   return base.GradientTransformation(lambda params: NormalizeState(),

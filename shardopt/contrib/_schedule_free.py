@@ -14,12 +14,12 @@ import jax.numpy as jnp
 from shardopt._src import base
 from shardopt._src import numerics
 from shardopt._src import tree_math
+from shardopt._src.tree_dtypes_random import tree_dtype
 from shardopt._src.aliases import gradient_descent
 from shardopt._src.transforms import rms
 from shardopt._src.transforms import scaling
 from shardopt._src.transforms import weight_decay as weight_decay_lib
 from shardopt._src.wrappers import combine
-from shardopt.contrib._dtypes import extreme_dtype
 from shardopt.schedules import warmup_constant_schedule
 
 __all__ = [
@@ -103,7 +103,7 @@ def schedule_free(
   base_optimizer = base.with_extra_args_support(base_optimizer)
 
   def init_fn(params):
-    dtype = extreme_dtype(params, highest=False)
+    dtype = tree_dtype(params, "lowest")
     z = params if state_dtype is None else tree_math.tree_cast(params,
                                                                state_dtype)
     return ScheduleFreeState(

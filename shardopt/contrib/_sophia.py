@@ -15,11 +15,12 @@ import jax.numpy as jnp
 from shardopt._src import base
 from shardopt._src import numerics
 from shardopt._src import tree_math
+from shardopt._src.tree_dtypes_random import tree_dtype
+from shardopt._src.tree_dtypes_random import tree_random_like
 from shardopt._src.transforms import scaling
 from shardopt._src.transforms import weight_decay as weight_decay_lib
 from shardopt._src.transforms.momentum import canonical_dtype
 from shardopt._src.wrappers import combine
-from shardopt.contrib._dtypes import extreme_dtype
 
 __all__ = [
     "HutchinsonState",
@@ -37,13 +38,8 @@ class HutchinsonState(NamedTuple):
 
 def _rademacher_like(key, params):
   """+-1 per element, one split key per leaf, in each leaf's sharding."""
-  treedef = jax.tree.structure(params)
-  keys = jax.tree.unflatten(treedef, jax.random.split(key, treedef.num_leaves))
-  signs = jax.tree.map(
-      lambda p, k: jax.random.rademacher(
-          k, p.shape, jnp.float32, out_sharding=jax.typeof(p).sharding),
-      params, keys)
-  return tree_math.tree_cast(signs, extreme_dtype(params, highest=False))
+  signs = tree_random_like(key, params, jax.random.rademacher, jnp.float32)
+  return tree_math.tree_cast(signs, tree_dtype(params, "lowest"))
 
 
 def hutchinson_estimator_diag_hessian(random_seed: jax.Array | None = None):
