@@ -103,19 +103,42 @@ def scale_by_backtracking_linesearch(
     store_grad: bool = False,
     verbose: bool = False,
 ) -> base.GradientTransformationExtraArgs:
-  """Shrinks the learning rate until the Armijo sufficient decrease holds:
-  ``f(w + lr u) <= (1 + rtol) f(w) + lr * slope_rtol * <u, grad f(w)> + atol``.
+  """Backtracking line search: shrinks the learning rate until Armijo's condition holds.
 
-  Each round starts from ``min(increase_factor * previous lr,
-  max_learning_rate)`` and multiplies by ``decrease_factor`` at most
-  ``max_backtracking_steps`` times. If even the last try gives a non-finite
-  value, the step is zero. With ``store_grad`` the gradient at the accepted
-  point is kept in the state (see :func:`value_and_grad_from_state`).
-  ``u`` must be a descent direction.
+  The accepted ``lr`` satisfies ``f(w + lr u) <= (1 + rtol) f(w) + lr *
+  slope_rtol * <u, grad f(w)> + atol``. Each round starts from
+  ``min(increase_factor * previous lr, max_learning_rate)`` and multiplies by
+  ``decrease_factor`` at most ``max_backtracking_steps`` times. If even the
+  last try gives a non-finite value, the step is zero. ``u`` must be a
+  descent direction; ``update`` needs ``value=``, ``grad=`` and
+  ``value_fn=`` (extra arguments of the objective are passed on).
 
-  References: Armijo, Minimization of functions having Lipschitz continuous
-  first partial derivatives, 1966; Vaswani et al., Painless Stochastic
-  Gradient, 2019 (https://arxiv.org/abs/1905.09997).
+  Args:
+    max_backtracking_steps: the most shrinking steps per search.
+    slope_rtol: weight of the directional derivative in the condition
+      (default 1e-4).
+    decrease_factor: factor applied to the learning rate on each failure
+      (default 0.8).
+    increase_factor: factor applied to the previous learning rate to start
+      the next search (default 1.5).
+    max_learning_rate: upper bound of the starting learning rate (default
+      1.0).
+    atol: absolute tolerance of the condition (default 0.0).
+    rtol: relative tolerance of the condition (default 0.0).
+    store_grad: whether to keep the gradient at the accepted point in the
+      state, for ``value_and_grad_from_state`` (default False).
+    verbose: whether to print the search's progress (default False).
+
+  Returns:
+    A ``GradientTransformationExtraArgs`` whose state is a
+    ``ScaleByBacktrackingLinesearchState`` and whose updates are ``lr * u``.
+
+  References:
+    Armijo, "Minimization of functions having Lipschitz continuous first
+    partial derivatives", Pacific J. Math. 1966
+    (https://doi.org/10.2140/pjm.1966.16.1); Vaswani et al., "Painless
+    Stochastic Gradient: Interpolation, Line-Search, and Convergence
+    Rates", NeurIPS 2019 (https://arxiv.org/abs/1905.09997).
   """
 
   def init_fn(params):
@@ -227,9 +250,19 @@ def _unique_field(state: Any, name: str):
 def value_and_grad_from_state(
     value_fn: Callable[..., jax.Array],
 ) -> Callable[..., tuple[jax.Array, Any]]:
-  """Like ``jax.value_and_grad(value_fn)`` with a keyword ``state``: reuses
-  the ``value``/``grad`` a line search stored in the state when the value is
-  finite, and evaluates ``value_fn`` otherwise (e.g. at the first step)."""
+  """Like ``jax.value_and_grad(value_fn)``, reusing what a line search stored.
+
+  The returned function takes the params, the objective's extra arguments
+  and a keyword ``state`` (the optimizer state holding the line search's):
+  when the stored value is finite it returns the stored ``(value, grad)``,
+  and evaluates ``value_fn`` otherwise (e.g. at the first step).
+
+  Args:
+    value_fn: the objective, ``value_fn(params, *args, **kwargs)``.
+
+  Returns:
+    ``fn(params, *args, state, **kwargs) -> (value, grad)``.
+  """
 
   def value_and_grad(params, *fn_args, state, **fn_kwargs):
     value = _unique_field(state, "value")

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from shardopt._src import base
 from shardopt._src import numerics
 from shardopt._src import tree_math
+from shardopt._src.linesearch import interpolation
 from shardopt._src.linesearch.backtracking import along
 from shardopt._src.linesearch.backtracking import cast_like
 from shardopt._src.linesearch.backtracking import split_fn_kwargs
@@ -86,24 +87,6 @@ def _pick(condition, if_true, if_false):
   return tree_math.tree_where(condition, if_true, if_false)
 
 
-def _cubic_minimizer(a, fa, fpa, b, fb, c, fc):
-  """Critical point of the cubic through (a, fa), (b, fb), (c, fc) with slope
-  fpa at a (NaN when there is none; the caller then falls back)."""
-  db, dc = b - a, c - a
-  denom = (db * dc) ** 2 * (db - dc)
-  matrix = jnp.array([[dc**2, -(db**2)], [-(dc**3), db**3]])
-  rhs = jnp.array([fb - fa - fpa * db, fc - fa - fpa * dc])
-  cubic, quad = jnp.dot(matrix, rhs, precision=jax.lax.Precision.HIGHEST) / denom
-  return a + (-quad + jnp.sqrt(quad * quad - 3.0 * cubic * fpa)) / (3.0 * cubic)
-
-
-def _quadratic_minimizer(a, fa, fpa, b, fb):
-  """Critical point of the parabola through (a, fa), (b, fb), slope fpa at a."""
-  db = b - a
-  curvature = (fb - fa - fpa * db) / (db**2)
-  return a - fpa / (2.0 * curvature)
-
-
 def scale_by_zoom_linesearch(
     max_linesearch_steps: int,
     max_learning_rate: jax.typing.ArrayLike | None = None,
@@ -116,20 +99,43 @@ def scale_by_zoom_linesearch(
     initial_guess_strategy: str = "keep",
     verbose: bool = False,
 ) -> base.GradientTransformationExtraArgs:
-  """Finds a learning rate ``lr`` meeting the strong Wolfe conditions:
-  ``f(w + lr u) <= f(w) + slope_rtol * lr * <u, g>`` and
-  ``|<grad f(w + lr u), u>| <= curv_rtol * |<u, g>|`` (both up to ``tol``).
+  """Zoom line search: a learning rate meeting the strong Wolfe conditions.
 
-  When values get within ``approx_dec_rtol * |f(w)|`` of ``f(w)``, Hager and
-  Zhang's approximate decrease criterion on slopes is also accepted (None
-  turns it off). The first try is 1 (``initial_guess_strategy="one"``, for
-  quasi-Newton directions) or the previous learning rate (``"keep"``).
-  A bracket narrower than ``stepsize_precision`` ends the search with the
-  best sufficient-decrease stepsize found.
+  The accepted ``lr`` satisfies ``f(w + lr u) <= f(w) + slope_rtol * lr *
+  <u, g>`` and ``|<grad f(w + lr u), u>| <= curv_rtol * |<u, g>|`` (both up
+  to ``tol``). When values get within ``approx_dec_rtol * |f(w)|`` of
+  ``f(w)``, Hager and Zhang's approximate decrease criterion on slopes is
+  also accepted. A bracket narrower than ``stepsize_precision`` ends the
+  search with the best sufficient-decrease stepsize found. ``update`` needs
+  ``value=``, ``grad=`` and ``value_fn=``.
 
-  References: Nocedal & Wright, Numerical Optimization, 1999, Algorithms 3.5
-  and 3.6; Hager & Zhang, Algorithm 851: CG_DESCENT, 2006
-  (https://doi.org/10.1145/1132973.1132979).
+  Args:
+    max_linesearch_steps: the most evaluations of the objective per search.
+    max_learning_rate: upper bound of the learning rate; ``None`` (default)
+      for none.
+    tol: tolerance of both conditions (default 0.0).
+    increase_factor: factor by which the learning rate grows while
+      bracketing (default 2.0).
+    slope_rtol: weight of the directional derivative in the sufficient
+      decrease condition (default 1e-4).
+    curv_rtol: bound of the curvature condition (default 0.9).
+    approx_dec_rtol: relative tolerance of the approximate decrease
+      criterion; ``None`` turns it off (default 1e-6).
+    stepsize_precision: the narrowest bracket searched (default 1e-5).
+    initial_guess_strategy: ``"keep"`` (default: start from the previous
+      learning rate) or ``"one"`` (start from 1, for quasi-Newton
+      directions).
+    verbose: whether to print the search's progress (default False).
+
+  Returns:
+    A ``GradientTransformationExtraArgs`` whose state is a
+    ``ScaleByZoomLinesearchState`` and whose updates are ``lr * u``.
+
+  References:
+    Nocedal & Wright, "Numerical Optimization", 1999, Algorithms 3.5 and
+    3.6; Hager & Zhang, "Algorithm 851: CG_DESCENT, a Conjugate Gradient
+    Method with Guaranteed Descent", ACM TOMS 2006
+    (https://doi.org/10.1145/1132973.1132979).
   """
   if initial_guess_strategy not in ("one", "keep"):
     raise ValueError(
@@ -186,11 +192,12 @@ def scale_by_zoom_linesearch(
     """Algorithm 3.6: shrink the bracket around an acceptable stepsize."""
     width = jnp.abs(s.high - s.low)
     left, right = jnp.minimum(s.high, s.low), jnp.maximum(s.high, s.low)
-    cubic = _cubic_minimizer(s.low, s.value_low, s.slope_low, s.high,
-                             s.value_high, s.cubic_ref, s.value_cubic_ref)
+    cubic = interpolation.cubic_minimizer(
+        s.low, s.value_low, s.slope_low, s.high, s.value_high, s.cubic_ref,
+        s.value_cubic_ref)
     use_cubic = (cubic > left + 0.2 * width) & (cubic < right - 0.2 * width)
-    quad = _quadratic_minimizer(s.low, s.value_low, s.slope_low, s.high,
-                                s.value_high)
+    quad = interpolation.quadratic_minimizer(
+        s.low, s.value_low, s.slope_low, s.high, s.value_high)
     use_quad = ~use_cubic & (quad > left + 0.1 * width) & (
         quad < right - 0.1 * width)
     middle = jnp.where(use_cubic, cubic, s.cubic_ref)

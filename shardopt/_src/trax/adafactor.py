@@ -64,8 +64,34 @@ def trax_adafactor(
   ``w <- (1 - wd) w - step``, with decay only for steps
   ``t < weight_decay_n_steps`` when that is positive (always when 0 or None).
 
-  Reference: Shazeer & Stern, "Adafactor: Adaptive Learning Rates with
-  Sublinear Memory Cost", ICML 2018 (https://arxiv.org/abs/1804.04235).
+  Args:
+    learning_rate: a scalar or a schedule of the step count (default 0.05).
+    factored: whether to factor the second moment of arrays of rank >= 2
+      (default True).
+    multiply_by_parameter_scale: whether to scale the step by
+      ``max(rms(w), epsilon2)`` (default True).
+    do_clipping: whether to clip ``y`` to block RMS ``clipping_threshold``
+      (default True).
+    do_momentum: whether to average the steps with ``beta1`` (default
+      False).
+    momentum_in_bfloat16: whether the momentum is stored in bfloat16
+      (default False).
+    beta1: the momentum's decay (default 0.0).
+    decay_rate: exponent of the second moment's decay (default 0.8).
+    clipping_threshold: the block RMS ``y`` is clipped to (default 1.0).
+    weight_decay_rate: the decay rate ``wd`` (default 1e-5).
+    weight_decay_n_steps: decay only during the first this many steps when
+      positive; 0 or ``None`` (default 0) decays at every step.
+    epsilon1: added to the squared gradients (default 1e-16).
+    epsilon2: floor of the param RMS in the param scale (default 1e-3).
+
+  Returns:
+    A ``GradientTransformation`` whose state is a ``TraxAdafactorState``.
+
+  References:
+    Shazeer & Stern, "Adafactor: Adaptive Learning Rates with Sublinear
+    Memory Cost", ICML 2018 (https://arxiv.org/abs/1804.04235); trax's
+    ``trax.optimizers.Adafactor``.
   """
   momentum_dtype = jnp.bfloat16 if momentum_in_bfloat16 else jnp.float32
 

@@ -61,10 +61,23 @@ def trax_adam(
 
   Gradients are first clipped to global norm ``clip_grad_norm`` when given.
 
-  Reference: Kingma & Ba, "Adam: A Method for Stochastic Optimization", 2014
-  (https://arxiv.org/abs/1412.6980); decoupled decay as in Loshchilov &
-  Hutter, "Decoupled Weight Decay Regularization", ICLR 2019
-  (https://arxiv.org/abs/1711.05101).
+  Args:
+    learning_rate: a scalar or a schedule of the step count (default 1e-4).
+    weight_decay_rate: the decoupled decay ``wd`` (default 1e-5).
+    b1: decay of the first moment (default 0.9).
+    b2: decay of the second moment (default 0.999).
+    eps: added to the root of the second moment (default 1e-5).
+    clip_grad_norm: global norm the gradients are clipped to; ``None``
+      (default) does not clip.
+
+  Returns:
+    A ``GradientTransformation`` whose updates are the change of ``w``.
+
+  References:
+    Kingma & Ba, "Adam: A Method for Stochastic Optimization", ICLR 2015
+    (https://arxiv.org/abs/1412.6980); decoupled decay as in Loshchilov &
+    Hutter, "Decoupled Weight Decay Regularization", ICLR 2019
+    (https://arxiv.org/abs/1711.05101); trax's ``trax.optimizers.Adam``.
   """
   return chain(
       *_optional_clip(clip_grad_norm),
@@ -85,11 +98,21 @@ def trax_momentum(
   ``v <- mass * v + g``; the step is ``mass * v + g`` (Nesterov) or ``v``;
   ``w <- (1 - wd) w - lr * step``.
 
-  References: Sutskever et al., "On the importance of initialization and
-  momentum in deep learning", ICML 2013
-  (https://proceedings.mlr.press/v28/sutskever13.html); Nesterov's form as in
-  Bengio et al., "Advances in Optimizing Recurrent Networks", 2012
-  (https://arxiv.org/abs/1212.0901).
+  Args:
+    learning_rate: a scalar or a schedule of the step count (default 0.01).
+    mass: the momentum's decay (default 0.9).
+    weight_decay_rate: the decoupled decay ``wd`` (default 1e-5).
+    nesterov: whether to use Nesterov momentum (default True).
+
+  Returns:
+    A ``GradientTransformation`` whose updates are the change of ``w``.
+
+  References:
+    Sutskever et al., "On the importance of initialization and momentum in
+    deep learning", ICML 2013
+    (https://proceedings.mlr.press/v28/sutskever13.html); Nesterov's form as
+    in Bengio et al., "Advances in Optimizing Recurrent Networks", 2012
+    (https://arxiv.org/abs/1212.0901); trax's ``trax.optimizers.Momentum``.
   """
   return chain(
       trace(decay=mass, nesterov=nesterov),
@@ -106,11 +129,24 @@ def trax_rmsprop(
 ) -> base.GradientTransformation:
   """trax's RMSProp: ``v <- gamma v + (1 - gamma) g^2`` from ``v = 1``.
 
-  ``w <- w - lr * g / (sqrt(v) + eps)``.
+  ``w <- w - lr * g / (sqrt(v) + eps)``; gradients are first clipped to
+  global norm ``clip_grad_norm`` when given.
 
-  Reference: Tieleman & Hinton, "Lecture 6.5 - rmsprop", Coursera: Neural
-  Networks for Machine Learning, 2012
-  (https://www.cs.toronto.edu/~tijmen/csc321/slides/lecture_slides_lec6.pdf).
+  Args:
+    learning_rate: a scalar or a schedule of the step count (default 1e-3).
+    gamma: decay of the moving average (default 0.9).
+    eps: added to the root of the average (default 1e-8).
+    clip_grad_norm: global norm the gradients are clipped to; ``None``
+      (default) does not clip.
+
+  Returns:
+    A ``GradientTransformation`` whose updates are the change of ``w``.
+
+  References:
+    Tieleman & Hinton, "Lecture 6.5 - rmsprop", Coursera: Neural Networks for
+    Machine Learning, 2012
+    (https://www.cs.toronto.edu/~tijmen/csc321/slides/lecture_slides_lec6.pdf);
+    trax's ``trax.optimizers.RMSProp``.
   """
   return chain(
       *_optional_clip(clip_grad_norm),

@@ -82,14 +82,28 @@ def trax_sm3(
 
   Per param: ``a = min_i cover_i`` (broadcast), ``a <- beta2 a + c g^2`` with
   ``beta2 = second_moment_averaging`` and ``c = 1`` when ``beta2 == 1`` else
-  ``1 - beta2``; ``pg = g / sqrt(a)`` (0 where ``a == 0``) ``+ weight_decay w``;
-  momentum: EMA ``m <- b m + (1 - b) pg``, step ``m``; heavy ball
-  ``m <- b m + pg``, step ``m``; Nesterov ``m <- b m + pg``, step
-  ``b m + pg``; ``w <- w - lr * step``; each cover becomes the max of ``a``
-  over the other dimensions.
+  ``1 - beta2``; ``pg = g / sqrt(a)`` (0 where ``a == 0``) ``+ weight_decay
+  w``; momentum: EMA ``m <- b m + (1 - b) pg``, step ``m``; heavy ball ``m
+  <- b m + pg``, step ``m``; Nesterov ``m <- b m + pg``, step ``b m + pg``;
+  ``w <- w - lr * step``; each cover becomes the max of ``a`` over the other
+  dimensions.
 
-  Reference: Anil et al., "Memory-Efficient Adaptive Optimization", NeurIPS
-  2019 (https://arxiv.org/abs/1901.11150).
+  Args:
+    learning_rate: a scalar or a schedule of the step count (default 0.01).
+    momentum: the momentum's decay ``b`` (default 0.9).
+    second_moment_averaging: ``beta2`` (default 1.0: a plain sum, as in the
+      paper).
+    weight_decay: rate of ``weight_decay * w`` added to ``pg`` (default
+      0.0).
+    momentum_type: ``MomentumType.EMA`` (default), ``HEAVY_BALL`` or
+      ``NESTEROV``.
+
+  Returns:
+    A ``GradientTransformation`` whose state is a ``TraxSM3State``.
+
+  References:
+    Anil et al., "Memory-Efficient Adaptive Optimization", NeurIPS 2019
+    (https://arxiv.org/abs/1901.11150); trax's ``trax.optimizers.SM3``.
   """
   beta2 = second_moment_averaging
   gain = 1.0 if beta2 == 1.0 else 1.0 - beta2
