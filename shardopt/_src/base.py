@@ -61,7 +61,15 @@ MaskOrFn = Any | Callable[[Params], Any] | None
 
 
 def value_at(hyperparam: ScalarOrSchedule, count) -> jax.typing.ArrayLike:
-  """A scalar-or-schedule hyperparameter's value at step ``count``."""
+  """A scalar-or-schedule hyperparameter's value at step ``count``.
+
+  Args:
+    hyperparam: a number/array, or a schedule (a function of the count).
+    count: the step count passed to a schedule.
+
+  Returns:
+    ``hyperparam(count)`` for a schedule, else ``hyperparam`` itself.
+  """
   return hyperparam(count) if callable(hyperparam) else hyperparam
 
 
@@ -112,7 +120,14 @@ class EmptyState(NamedTuple):
 
 
 def init_empty_state(params: Params) -> EmptyState:
-  """``init`` of a stateless transformation."""
+  """``init`` of a stateless transformation.
+
+  Args:
+    params: the params (unused).
+
+  Returns:
+    An ``EmptyState``.
+  """
   del params
   return EmptyState()
 
@@ -130,7 +145,17 @@ def with_extra_args_support(
   """Wraps ``tx`` so that its ``update`` accepts and ignores extra arguments.
 
   Works for foreign (optax) transformations too: anything with ``init`` and
-  ``update``.
+  ``update``. A transformation that already supports extra arguments keeps
+  its own ``update``.
+
+  Args:
+    tx: the transformation.
+
+  Returns:
+    A ``GradientTransformationExtraArgs`` with ``tx``'s init and state.
+
+  References:
+    optax's ``with_extra_args_support``.
   """
   if supports_extra_args(tx):
     return GradientTransformationExtraArgs(tx.init, tx.update)
@@ -145,7 +170,18 @@ def with_extra_args_support(
 def stateless(
     f: Callable[[Updates, Params | None], Updates],
 ) -> GradientTransformation:
-  """A stateless transformation from ``f(updates, params) -> updates``."""
+  """A stateless transformation from ``f(updates, params) -> updates``.
+
+  Args:
+    f: maps the whole updates tree and the params (or None) to the new
+      updates.
+
+  Returns:
+    A ``GradientTransformation`` whose state is an ``EmptyState``.
+
+  References:
+    optax's ``stateless``.
+  """
 
   def update_fn(updates, state, params=None):
     return f(updates, params), state
@@ -156,7 +192,18 @@ def stateless(
 def stateless_with_tree_map(
     f: Callable[[jax.Array, jax.Array | None], jax.Array],
 ) -> GradientTransformation:
-  """A stateless transformation applying ``f(update, param)`` leaf by leaf."""
+  """A stateless transformation applying ``f(update, param)`` leaf by leaf.
+
+  Args:
+    f: maps one update leaf and its param leaf (None when ``update`` gets no
+      params) to the new update leaf.
+
+  Returns:
+    A ``GradientTransformation`` whose state is an ``EmptyState``.
+
+  References:
+    optax's ``stateless_with_tree_map``.
+  """
 
   def tree_f(updates, params):
     if params is None:
@@ -167,14 +214,28 @@ def stateless_with_tree_map(
 
 
 def identity() -> GradientTransformation:
-  """Leaves the updates untouched."""
+  """Leaves the updates untouched.
+
+  Returns:
+    A stateless ``GradientTransformation``.
+
+  References:
+    optax's ``identity``.
+  """
   return GradientTransformation(
       init_empty_state, lambda updates, state, params=None: (updates, state)
   )
 
 
 def set_to_zero() -> GradientTransformation:
-  """Maps every update to zero (e.g. to freeze params inside a partition)."""
+  """Maps every update to zero (e.g. to freeze params inside a partition).
+
+  Returns:
+    A stateless ``GradientTransformation``.
+
+  References:
+    optax's ``set_to_zero``.
+  """
 
   def update_fn(updates, state, params=None):
     del params

@@ -27,11 +27,17 @@ _with_scaled_cotangent.defvjp(_forward, _backward)
 
 
 def scale_gradient(inputs, scale: float):
-  """``inputs`` unchanged, but gradients flowing back through them are
-  multiplied by ``scale``.
+  """``inputs`` unchanged, with the gradients flowing back through them scaled.
 
   A scale of 1 returns ``inputs`` as they are, a scale of 0 stops the
   gradient (``jax.lax.stop_gradient``).
+
+  Args:
+    inputs: a tree of arrays.
+    scale: the factor applied to the gradient with respect to ``inputs``.
+
+  Returns:
+    ``inputs`` (same values), whose backward pass multiplies by ``scale``.
   """
   if scale == 1.0:
     return inputs

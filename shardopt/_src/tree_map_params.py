@@ -47,8 +47,11 @@ def tree_map_params(
     transform_non_params: Callable[..., Any] | None = None,
     is_leaf: Callable[[Any], bool] | None = None,
 ) -> base.OptState:
-  """``state`` with ``f(leaf, *rest_leaves)`` applied over every params-shaped
-  part.
+  """``state`` with ``f(leaf, *rest_leaves)`` applied over every params-shaped part.
+
+  Which parts of the state are params-shaped is found by calling
+  ``initable`` on a stand-in for the params; e.g. map each moment to its
+  param's sharding.
 
   Args:
     initable: the transformation (anything with ``init``) or its init
@@ -61,6 +64,12 @@ def tree_map_params(
       leaves are kept as they are when it is None.
     is_leaf: passed to ``jax.tree.map`` over the params-shaped parts (e.g. to
       stop at ``masked``'s placeholders).
+
+  Returns:
+    A tree with the structure of ``state``.
+
+  References:
+    optax's ``tree_map_params``.
   """
   init = initable.init if hasattr(initable, "init") else initable
   layout = init(_ParamsStandIn())

@@ -167,14 +167,31 @@ def tree_where(condition, x: Any, y: Any) -> Any:
 
 
 def global_norm(updates: Any) -> jax.Array:
-  """The L2 norm of all leaves of ``updates`` taken together."""
+  """The L2 norm of all leaves of ``updates`` taken together.
+
+  On sharded leaves this is one all-reduce of per-leaf sums.
+
+  Args:
+    updates: a tree of arrays (real or complex).
+
+  Returns:
+    ``sqrt(sum over leaves of sum(|x|**2))``, a scalar.
+  """
   return jnp.sqrt(
       sum(jnp.sum(numerics.abs_sq(x)) for x in jax.tree.leaves(updates))
   )
 
 
 def apply_updates(params: Any, updates: Any) -> Any:
-  """params + updates, each result in its param's dtype (None leaves kept)."""
+  """``params + updates``, each result in its param's dtype.
+
+  Args:
+    params: a tree of arrays; ``None`` leaves stay ``None``.
+    updates: a tree with the params' structure.
+
+  Returns:
+    The updated params, each leaf cast back to its param's dtype.
+  """
   return jax.tree.map(
       lambda p, u: None
       if p is None
@@ -186,7 +203,17 @@ def apply_updates(params: Any, updates: Any) -> Any:
 
 
 def update_moment(updates: Any, moments: Any, decay, order) -> Any:
-  """EMA of the ``order``-th power: (1 - decay) * g**order + decay * m."""
+  """EMA of the ``order``-th power: ``(1 - decay) * g**order + decay * m``.
+
+  Args:
+    updates: a tree of gradients ``g``; ``None`` leaves stay ``None``.
+    moments: the current moments ``m``, with the updates' structure.
+    decay: the EMA's decay.
+    order: the power of ``g`` (1 for a mean, 2 for a second moment).
+
+  Returns:
+    The new moments.
+  """
   return jax.tree.map(
       lambda g, m: None if g is None else (1 - decay) * (g**order) + decay * m,
       updates,
@@ -196,7 +223,17 @@ def update_moment(updates: Any, moments: Any, decay, order) -> Any:
 
 
 def update_infinity_moment(updates: Any, moments: Any, decay, eps) -> Any:
-  """EMA of the infinity norm: max(|g| + eps, decay * m)."""
+  """EMA of the infinity norm: ``max(|g| + eps, decay * m)``.
+
+  Args:
+    updates: a tree of gradients ``g``; ``None`` leaves stay ``None``.
+    moments: the current moments ``m``, with the updates' structure.
+    decay: the decay of ``m``.
+    eps: added to ``|g|``.
+
+  Returns:
+    The new moments.
+  """
   return jax.tree.map(
       lambda g, m: None if g is None else jnp.maximum(jnp.abs(g) + eps, decay * m),
       updates,
@@ -215,7 +252,17 @@ def _elementwise_norm_power(g: jax.Array, order) -> jax.Array:
 
 
 def update_moment_per_elem_norm(updates: Any, moments: Any, decay, order) -> Any:
-  """EMA of |g|**order, elementwise (complex-aware)."""
+  """EMA of ``|g|**order``, elementwise (complex-aware).
+
+  Args:
+    updates: a tree of gradients ``g``; ``None`` leaves stay ``None``.
+    moments: the current moments ``m``, with the updates' structure.
+    decay: the EMA's decay.
+    order: the power of ``|g|``.
+
+  Returns:
+    The new moments, ``(1 - decay) * |g|**order + decay * m``.
+  """
   return jax.tree.map(
       lambda g, m: None
       if g is None
@@ -231,6 +278,19 @@ def update_moment_per_elem_norm(updates: Any, moments: Any, decay, order) -> Any
 # jitted runs (and optax's) agree only if both compile it.
 @functools.partial(jax.jit, inline=True)
 def bias_correction(moment: Any, decay, count) -> Any:
-  """moment / (1 - decay**count), dividing in each moment's own dtype."""
+  """``moment / (1 - decay**count)``, dividing in each moment's own dtype.
+
+  Args:
+    moment: a tree of moments.
+    decay: the decay the moments were averaged with.
+    count: the number of averaged steps (at least 1).
+
+  Returns:
+    The debiased moments.
+
+  References:
+    Kingma & Ba, "Adam: A Method for Stochastic Optimization", ICLR 2015
+    (https://arxiv.org/abs/1412.6980), Sec. 3.
+  """
   correction = 1 - decay**count
   return jax.tree.map(lambda m: m / correction.astype(m.dtype), moment)
