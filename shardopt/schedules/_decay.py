@@ -24,7 +24,14 @@ __all__ = [
 
 
 def constant_schedule(value: jax.typing.ArrayLike) -> base.Schedule:
-  """``value`` at every step."""
+  """``value`` at every step.
+
+  Args:
+    value: the constant.
+
+  Returns:
+    A schedule ``count -> value``.
+  """
   return lambda count: value
 
 
@@ -33,7 +40,14 @@ def join_schedules(
 ) -> base.Schedule:
   """``schedules[i]`` from ``boundaries[i - 1]`` on, counting from there.
 
-  ``boundaries`` has one entry fewer than ``schedules``.
+  Args:
+    schedules: the schedules, in order.
+    boundaries: the steps where the next schedule takes over; one entry
+      fewer than ``schedules``.
+
+  Returns:
+    A schedule; at ``count >= boundaries[i - 1]`` (the last such ``i``) it
+    is ``schedules[i](count - boundaries[i - 1])``.
   """
 
   def schedule(count):
@@ -55,9 +69,19 @@ def polynomial_schedule(
   """From ``init_value`` to ``end_value`` along ``(1 - t / T) ** power``.
 
   Held at ``init_value`` for ``transition_begin`` steps, then moves over
-  ``transition_steps`` steps and stays at ``end_value``. A non-positive
-  ``transition_steps`` gives a constant schedule; a negative
-  ``transition_begin`` counts as 0.
+  ``transition_steps`` steps and stays at ``end_value``.
+
+  Args:
+    init_value: the value before and at the start of the transition.
+    end_value: the value after it.
+    power: the polynomial's power.
+    transition_steps: ``T``; a non-positive value gives a constant schedule.
+    transition_begin: steps before the transition starts (default 0; a
+      negative value counts as 0).
+
+  Returns:
+    A schedule ``count -> (init_value - end_value) * (1 - t / T) ** power
+    + end_value`` with ``t = clip(count - transition_begin, 0, T)``.
   """
   if transition_steps <= 0:
     return constant_schedule(init_value)
@@ -77,7 +101,18 @@ def linear_schedule(
     transition_steps: int,
     transition_begin: int = 0,
 ) -> base.Schedule:
-  """The polynomial schedule of power 1."""
+  """From ``init_value`` to ``end_value`` linearly: the polynomial schedule of power 1.
+
+  Args:
+    init_value: the value before and at the start of the transition.
+    end_value: the value after it.
+    transition_steps: the transition's length; a non-positive value gives a
+      constant schedule.
+    transition_begin: steps before the transition starts (default 0).
+
+  Returns:
+    A schedule.
+  """
   return polynomial_schedule(
       init_value, end_value, 1, transition_steps, transition_begin)
 
@@ -95,7 +130,16 @@ def piecewise_constant_schedule(
     init_value: jax.typing.ArrayLike,
     boundaries_and_scales: dict[int, float] | None = None,
 ) -> base.Schedule:
-  """``init_value`` times every scale whose boundary step has been reached."""
+  """``init_value`` times every scale whose boundary step has been reached.
+
+  Args:
+    init_value: the value before the first boundary.
+    boundaries_and_scales: maps a step to the factor applied from that step
+      on; ``None`` (default) for none. A negative scale raises ValueError.
+
+  Returns:
+    A schedule.
+  """
   jumps = sorted((boundaries_and_scales or {}).items())
   _check_scales("piecewise_constant_schedule", [s for _, s in jumps])
 
@@ -116,11 +160,25 @@ def exponential_decay(
     staircase: bool = False,
     end_value: jax.typing.ArrayLike | None = None,
 ) -> base.Schedule:
-  """``init_value * decay_rate ** ((count - transition_begin) / steps)``.
+  """``init_value * decay_rate ** ((count - transition_begin) / transition_steps)``.
 
-  ``staircase`` floors the exponent. ``end_value`` bounds the value (below
-  when ``decay_rate < 1``, above otherwise). A non-positive
-  ``transition_steps`` or a zero ``decay_rate`` gives a constant schedule.
+  The value is ``init_value`` until ``transition_begin``.
+
+  Args:
+    init_value: the initial value.
+    transition_steps: steps per factor of ``decay_rate``; a non-positive
+      value gives a constant schedule.
+    decay_rate: the factor per ``transition_steps``; 0 gives a constant
+      schedule.
+    transition_begin: steps before the decay starts (default 0; a negative
+      value counts as 0).
+    staircase: whether the exponent is floored, so the value drops in steps
+      (default False).
+    end_value: bound of the value (below when ``decay_rate < 1``, above
+      otherwise); ``None`` (default) for none.
+
+  Returns:
+    A schedule.
   """
   if transition_steps <= 0 or decay_rate == 0:
     return constant_schedule(init_value)
@@ -147,8 +205,21 @@ def cosine_decay_schedule(
 ) -> base.Schedule:
   """Half a cosine from ``init_value`` to ``alpha * init_value``.
 
-  Reference: Loshchilov & Hutter, "SGDR: Stochastic Gradient Descent with Warm
-  Restarts", 2017 (https://arxiv.org/abs/1608.03983).
+  The value is ``init_value * ((1 - alpha) * c**exponent + alpha)`` with
+  ``c = (1 + cos(pi * min(count, decay_steps) / decay_steps)) / 2``.
+
+  Args:
+    init_value: the initial value.
+    decay_steps: the decay's length; not positive raises ValueError.
+    alpha: the final value as a fraction of ``init_value`` (default 0.0).
+    exponent: the power of the cosine factor (default 1.0).
+
+  Returns:
+    A schedule.
+
+  References:
+    Loshchilov & Hutter, "SGDR: Stochastic Gradient Descent with Warm
+    Restarts", ICLR 2017 (https://arxiv.org/abs/1608.03983).
   """
   if not decay_steps > 0:
     raise ValueError(
@@ -178,10 +249,22 @@ def piecewise_interpolate_schedule(
     init_value: jax.typing.ArrayLike,
     boundaries_and_scales: dict[int, float] | None = None,
 ) -> base.Schedule:
-  """Interpolates ('linear' or 'cosine') between cumulatively scaled values.
+  """Interpolates (``"linear"`` or ``"cosine"``) between cumulatively scaled values.
 
   At boundary ``b_i`` the value is ``init_value`` times the scales of all
-  boundaries up to ``b_i``; between boundaries it is interpolated.
+  boundaries up to ``b_i``; between boundaries it is interpolated, and after
+  the last it stays.
+
+  Args:
+    interpolate_type: ``"linear"`` or ``"cosine"``; another value raises
+      ValueError.
+    init_value: the value at step 0.
+    boundaries_and_scales: maps a step to the factor the value reaches
+      there; ``None`` (default) for a constant. A negative scale raises
+      ValueError.
+
+  Returns:
+    A schedule.
   """
   interpolators = {"linear": _interpolate_linear, "cosine": _interpolate_cosine}
   if interpolate_type not in interpolators:

@@ -41,8 +41,28 @@ def linear_onecycle_schedule(
 ) -> base.Schedule:
   """One cycle in three linear phases: up to the peak, back, then down.
 
-  Reference: Smith & Topin, "Super-Convergence", 2017
-  (https://arxiv.org/abs/1708.07120).
+  From ``peak_value / div_factor`` up to ``peak_value`` at ``pct_start *
+  transition_steps``, back to ``peak_value / div_factor`` at ``pct_final *
+  transition_steps``, then down to ``peak_value / (div_factor *
+  final_div_factor)`` at ``transition_steps``.
+
+  Args:
+    transition_steps: the cycle's length; not positive raises ValueError.
+    peak_value: the largest value.
+    pct_start: fraction of the cycle spent rising (default 0.3).
+    pct_final: fraction of the cycle at which the descent ends (default
+      0.85).
+    div_factor: ``peak_value / div_factor`` is the starting value (default
+      25.0).
+    final_div_factor: the final value is the starting value divided by this
+      (default 1e4).
+
+  Returns:
+    A schedule.
+
+  References:
+    Smith & Topin, "Super-Convergence: Very Fast Training of Neural Networks
+    Using Large Learning Rates", 2017 (https://arxiv.org/abs/1708.07120).
   """
   _check_transition_steps("linear_onecycle_schedule", transition_steps)
   return piecewise_interpolate_schedule("linear", peak_value / div_factor, {
@@ -61,8 +81,25 @@ def cosine_onecycle_schedule(
 ) -> base.Schedule:
   """One cycle of cosine interpolation: up to the peak, then down.
 
-  Reference: Smith & Topin, "Super-Convergence", 2017
-  (https://arxiv.org/abs/1708.07120).
+  From ``peak_value / div_factor`` up to ``peak_value`` at ``pct_start *
+  transition_steps``, then down to ``peak_value / (div_factor *
+  final_div_factor)`` at ``transition_steps``.
+
+  Args:
+    transition_steps: the cycle's length; not positive raises ValueError.
+    peak_value: the largest value.
+    pct_start: fraction of the cycle spent rising (default 0.3).
+    div_factor: ``peak_value / div_factor`` is the starting value (default
+      25.0).
+    final_div_factor: the final value is the starting value divided by this
+      (default 1e4).
+
+  Returns:
+    A schedule.
+
+  References:
+    Smith & Topin, "Super-Convergence: Very Fast Training of Neural Networks
+    Using Large Learning Rates", 2017 (https://arxiv.org/abs/1708.07120).
   """
   _check_transition_steps("cosine_onecycle_schedule", transition_steps)
   return piecewise_interpolate_schedule("cosine", peak_value / div_factor, {
@@ -76,7 +113,20 @@ def warmup_constant_schedule(
     peak_value: jax.typing.ArrayLike,
     warmup_steps: int,
 ) -> base.Schedule:
-  """Linear warmup to ``peak_value``, then constant."""
+  """Linear warmup to ``peak_value``, then constant.
+
+  Args:
+    init_value: the value at step 0.
+    peak_value: the value from ``warmup_steps`` on.
+    warmup_steps: the warmup's length.
+
+  Returns:
+    A schedule.
+
+  References:
+    Goyal et al., "Accurate, Large Minibatch SGD: Training ImageNet in 1
+    Hour", 2017 (https://arxiv.org/abs/1706.02677) (gradual warmup).
+  """
   return linear_schedule(init_value, peak_value, warmup_steps)
 
 
@@ -90,7 +140,22 @@ def warmup_cosine_decay_schedule(
 ) -> base.Schedule:
   """Linear warmup, then cosine decay to ``end_value``.
 
-  ``decay_steps`` is the total length, warmup included.
+  Args:
+    init_value: the value at step 0.
+    peak_value: the value at the end of the warmup.
+    warmup_steps: the warmup's length.
+    decay_steps: the total length, warmup included.
+    end_value: the value at ``decay_steps`` and after (default 0.0).
+    exponent: the power of the cosine factor (default 1.0).
+
+  Returns:
+    A schedule.
+
+  References:
+    Loshchilov & Hutter, "SGDR: Stochastic Gradient Descent with Warm
+    Restarts", ICLR 2017 (https://arxiv.org/abs/1608.03983); Goyal et al.,
+    "Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour", 2017
+    (https://arxiv.org/abs/1706.02677) (warmup).
   """
   alpha = 0.0 if peak_value == 0.0 else end_value / peak_value
   return join_schedules([
@@ -110,7 +175,23 @@ def warmup_exponential_decay_schedule(
     staircase: bool = False,
     end_value: jax.typing.ArrayLike | None = None,
 ) -> base.Schedule:
-  """Linear warmup, then ``exponential_decay`` from ``peak_value``."""
+  """Linear warmup, then ``exponential_decay`` from ``peak_value``.
+
+  Args:
+    init_value: the value at step 0.
+    peak_value: the value at the end of the warmup.
+    warmup_steps: the warmup's length.
+    transition_steps: steps per factor of ``decay_rate`` (after the
+      warmup).
+    decay_rate: the decay factor.
+    transition_begin: steps after the warmup before the decay starts
+      (default 0).
+    staircase: whether the value drops in steps (default False).
+    end_value: bound of the value; ``None`` (default) for none.
+
+  Returns:
+    A schedule.
+  """
   return join_schedules([
       linear_schedule(init_value, peak_value, warmup_steps),
       exponential_decay(
@@ -124,11 +205,16 @@ def sgdr_schedule(
 ) -> base.Schedule:
   """Warm restarts: warmup-cosine cycles, one per dict of keyword arguments.
 
-  Each dict holds ``warmup_cosine_decay_schedule``'s arguments; its
-  ``decay_steps`` is the cycle's length.
+  Args:
+    cosine_kwargs: dicts of ``warmup_cosine_decay_schedule``'s arguments,
+      one per cycle; each cycle lasts its ``decay_steps``.
 
-  Reference: Loshchilov & Hutter, "SGDR", 2017
-  (https://arxiv.org/abs/1608.03983).
+  Returns:
+    A schedule joining the cycles.
+
+  References:
+    Loshchilov & Hutter, "SGDR: Stochastic Gradient Descent with Warm
+    Restarts", ICLR 2017 (https://arxiv.org/abs/1608.03983).
   """
   schedules, ends, end = [], [], 0
   for kwargs in cosine_kwargs:
