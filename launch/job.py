@@ -124,17 +124,26 @@ def _log(pending, schedule, progress, metrics_path, guard) -> None:
 
 
 def _initial_state(args, model, abstract, opt, abstract_state, manager, resumed, config):
-  """(params, opt_state, first step): fresh from --seed, or the newest valid
-  checkpoint when ``resumed`` (same run configuration required)."""
+  """(params, opt_state, first step, damaged steps were set aside): fresh from
+  --seed, or the newest intact checkpoint when ``resumed`` (same run
+  configuration required)."""
   if resumed:
     target = {"params": abstract, "opt_state": abstract_state}
-    restored = resume.restore(manager, target, config, args.steps, _say)
+    restored = resume.restore(manager, target, config, args.steps, _say,
+                              is_main=jax.process_index() == 0)
     _say(f"resumed from step {restored.step} ({args.checkpoint_dir})")
-    return restored.state["params"], restored.state["opt_state"], restored.step
+    return (restored.state["params"], restored.state["opt_state"], restored.step,
+            bool(restored.skipped))
   init = lambda key: model.init(key, jnp.zeros((1, args.seq_len - 1), jnp.int32))["params"]
   param_shardings = jax.tree.map(lambda a: a.sharding, abstract)
   params = jax.jit(init, out_shardings=param_shardings)(jax.random.key(args.seed))
-  return params, opt.init(params), 0
+  return params, opt.init(params), 0, False
+
+
+def _open_manager(args) -> checkpoints.CheckpointManager:
+  return checkpoints.CheckpointManager(
+      pathlib.Path(args.checkpoint_dir).absolute(),
+      checkpoints.CheckpointPolicy(keep_last=args.keep_checkpoints))
 
 
 def _save(manager, step, params, opt_state, meta, guard) -> int:
@@ -161,11 +170,16 @@ def run(args: argparse.Namespace) -> int:
   guard = NonFiniteGuard(args.skip_nonfinite, hint="Lower --lr or --clip-norm, or pass"
                          " --skip-nonfinite to skip such steps.")
   _describe(args, mesh, rules, specs, abstract, abstract_state)
-  manager = checkpoints.CheckpointManager(
-      pathlib.Path(args.checkpoint_dir).absolute(),
-      checkpoints.CheckpointPolicy(keep_last=args.keep_checkpoints))
-  params, opt_state, start = _initial_state(
-      args, model, abstract, opt, abstract_state, manager, resumed, config)
+  manager = _open_manager(args)
+  try:
+    params, opt_state, start, set_aside = _initial_state(
+        args, model, abstract, opt, abstract_state, manager, resumed, config)
+  except BaseException:
+    manager.close()
+    raise
+  if set_aside:  # damaged steps were renamed: list the steps afresh to save them again
+    manager.close()
+    manager = _open_manager(args)
   guard.resume_from(opt_state)
   train_step = opt.train_step(lambda p, tokens: next_token_loss(model, p, tokens))
   corpus, schedule = data.load_corpus(), build_schedule(args)

@@ -1,46 +1,40 @@
 """Keeps the gloo library's connection lines off the job's standard output.
 
-XLA:CPU's multi-process collectives use gloo, whose C++ code writes
-``[Gloo] Rank N is connected to M peer ranks...`` to file descriptor 1 for
-every communicator it opens (16 lines in a 2-process run); no environment
-variable or log level turns it off. ``drop_lines`` routes descriptor 1
-through a pipe and a thread that copies every other line to the real output.
+XLA:CPU's multi-process collectives use gloo, whose C++ code prints
+``[Gloo] Rank N is connected to M peer ranks...`` to the process's standard
+output (file descriptor 1) for every communicator it opens, from several
+threads at once, so the pieces of its lines interleave (16 lines in a
+2-process run); no environment variable or log level turns it off.
+``python_only`` gives Python's ``sys.stdout`` a descriptor of its own and
+points descriptor 1, which only native code still writes to, at /dev/null.
 """
 
+import io
 import os
 import sys
-import threading
 
-__all__ = ["GLOO_PREFIX", "drop_lines"]
-
-GLOO_PREFIX = b"[Gloo] Rank "
+__all__ = ["python_only"]
 
 
-def _copy_lines(source: int, target: int, prefix: bytes) -> None:
-  with os.fdopen(source, "rb") as lines:
-    for line in lines:
-      if not line.startswith(prefix):
-        os.write(target, line)
+def python_only():
+  """From now on only Python's own writes to ``sys.stdout`` reach stdout.
 
-
-def drop_lines(prefix: bytes = GLOO_PREFIX):
-  """From now on, lines written to fd 1 that start with ``prefix`` are dropped.
-
-  Returns ``restore()``, which puts the original fd 1 back after copying
-  everything written so far.
+  Returns ``restore()``, which puts descriptor 1 and ``sys.stdout`` back.
   """
-  sys.stdout.flush()
-  original = os.dup(1)
-  source, sink = os.pipe()
-  os.dup2(sink, 1)
-  os.close(sink)
-  copier = threading.Thread(target=_copy_lines, args=(source, original, prefix), daemon=True)
-  copier.start()
+  previous = sys.stdout
+  previous.flush()
+  python_fd = os.dup(1)
+  null = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(null, 1)
+  os.close(null)
+  sys.stdout = io.TextIOWrapper(io.FileIO(python_fd, "w", closefd=False),
+                                encoding=previous.encoding, errors=previous.errors,
+                                line_buffering=True, write_through=True)
 
   def restore() -> None:
     sys.stdout.flush()
-    os.dup2(original, 1)  # closes the pipe's last writer: the copier reaches its end
-    copier.join(timeout=10)
-    os.close(original)
+    os.dup2(python_fd, 1)
+    sys.stdout = previous
+    os.close(python_fd)
 
   return restore

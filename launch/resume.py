@@ -1,13 +1,16 @@
 """Continuing a run from its checkpoints: compare the flags, restore, report.
 
 The configuration saved with the newest checkpoint is compared with the
-current flags before anything is read (``run_config``); the newest step that
-reads back is restored (``CheckpointManager.restore_latest_valid``) and each
-newer step it skipped is named in a one-line warning. Nothing in the run
-folder changes here; the caller trims the metrics only after this succeeded.
+current flags before anything is read (``run_config``); the newest intact step
+is restored (``CheckpointManager.restore_latest_valid``). Each newer, damaged
+step it passed over is named in a one-line warning and renamed to
+``<step>.damaged`` (kept for inspection, out of the way of the new save of
+that step). Nothing else in the run folder changes here; the caller trims the
+metrics only after this succeeded.
 """
 
 import logging
+import os
 
 import checkpoints
 from launch import run_config
@@ -45,17 +48,29 @@ class _Collect(logging.Handler):
     self.records.append(record)
 
 
-def _reason(records: list) -> str:
-  """The first line of the first skip the manager logged, shortened."""
-  if not records:
-    return ""
-  line = records[0].getMessage().strip().splitlines()[0]
-  return f" ({line[:200]}{'...' if len(line) > 200 else ''})"
+def _shortened(reason: str, limit: int = 200) -> str:
+  """The first line of ``reason`` without the checkpoints API hint (a CLI user
+  cannot call it), at most ``limit`` characters."""
+  line = (reason.strip().splitlines() or [""])[0].split(" restore_latest_valid")[0]
+  line = line.split(" is damaged: ", 1)[-1]
+  return line[:limit] + ("..." if len(line) > limit else "")
 
 
-def _restore_newest_valid(manager, target, collected: list):
-  logger = logging.getLogger("checkpoints")
-  collect, propagate = _Collect(collected), logger.propagate
+def _set_aside(directory, step: int, is_main: bool) -> str:
+  """Renames a damaged step folder to ``<step>.damaged`` (or ``.damaged-N``)."""
+  base = os.path.join(os.fspath(directory), str(step))
+  for n in range(1, 1000):
+    kept = f"{base}.damaged" + (f"-{n}" if n > 1 else "")
+    if not os.path.exists(kept):
+      if is_main:
+        os.rename(base, kept)
+      return os.path.basename(kept)
+  raise UsageError(f"{base}: too many damaged copies kept beside it; remove some")
+
+
+def _restore_newest_valid(manager, target):
+  logger = logging.getLogger("checkpoints")  # its warnings become our one line
+  collect, propagate = _Collect([]), logger.propagate
   logger.addHandler(collect)
   logger.propagate = False
   try:
@@ -71,11 +86,14 @@ def _restore_newest_valid(manager, target, collected: list):
     logger.propagate = propagate
 
 
-def restore(manager, target: dict, current_config: dict, steps_wanted: int, say=print):
-  """The restored state (``checkpoints.Restored``) of the newest valid step.
+def restore(manager, target: dict, current_config: dict, steps_wanted: int, say=print,
+            is_main: bool = True):
+  """The restored state (``checkpoints.Restored``) of the newest intact step.
 
   Raises UsageError when the flags differ from the saved run's, when no step
-  reads back, or when ``steps_wanted`` is below the restored step.
+  reads back, or when ``steps_wanted`` is below the restored step. When
+  ``Restored.skipped`` is not empty the damaged steps were renamed: reopen
+  the manager before saving.
   """
   steps = manager.all_steps()
   where = f"{manager.directory} (step {steps[-1]})"
@@ -83,15 +101,16 @@ def restore(manager, target: dict, current_config: dict, steps_wanted: int, say=
     check_config(manager.metadata(steps[-1]), current_config, where, say)
   except checkpoints.CorruptCheckpointError:
     pass  # Checked below, on the step that reads back.
-  collected = []
-  restored = _restore_newest_valid(manager, target, collected)
-  if restored.step != steps[-1]:
+  restored = _restore_newest_valid(manager, target)
+  if restored.skipped:
     check_config(restored.metadata, current_config, f"{manager.directory} (step {restored.step})",
                  lambda line: None)
-    skipped = ", ".join(str(s) for s in steps if s > restored.step)
-    say(f"warning: checkpoint step {skipped} in {manager.directory} is unreadable"
-        f"{_reason(collected)}; resumed from step {restored.step} instead")
   if steps_wanted < restored.step:
     raise UsageError(f"--steps {steps_wanted}: below the checkpoint's step {restored.step};"
                      f" pass --steps {restored.step} or more")
+  for skipped in restored.skipped:
+    kept = _set_aside(manager.directory, skipped.step, is_main)
+    say(f"warning: checkpoint step {skipped.step} in {manager.directory} is damaged"
+        f" ({_shortened(skipped.reason)}); resumed from step {restored.step} instead;"
+        f" the damaged step is kept as {kept}")
   return restored

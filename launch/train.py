@@ -35,7 +35,7 @@ def _run(args) -> int:
   restore_stdout = None
   if several:  # gloo's collectives print connection lines to stdout
     from launch import quiet_stdout  # pylint: disable=import-outside-toplevel
-    restore_stdout = quiet_stdout.drop_lines()
+    restore_stdout = quiet_stdout.python_only()
   try:
     from launch import job  # Imports jax, so only after XLA_FLAGS is set.
     return job.run(args)

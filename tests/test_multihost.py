@@ -1,9 +1,11 @@
 """Real multi-process jobs: 2 processes x 4 CPU devices joined by jax.distributed.
 
-Checked against 1 process x 8 devices run in this process: per-step losses,
-a checkpoint written by 2 processes resumed by 1, and the launcher stopping a
-job whose process was killed with SIGKILL, then a --resume from the last
-complete checkpoint.
+Checked against 1 process x 8 devices run in this process: per-step losses
+agree within 1 ulp of float32 (not bit for bit: the cross-process reductions
+add in another order), a checkpoint written by 2 processes resumed by 1, and
+the launcher stopping a job whose process was killed with SIGKILL, then a
+--resume from the last complete checkpoint. gloo's connection lines
+("[Gloo] Rank ...") do not reach the output.
 """
 
 import os
@@ -16,6 +18,11 @@ import pytest
 from tests import launch_helpers as h
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+
+
+def assert_within_one_ulp(losses, reference) -> None:
+  """The per-step float32 losses differ by at most 1 unit in the last place."""
+  np.testing.assert_array_max_ulp(np.float32(losses), np.float32(reference), maxulp=1)
 
 LAUNCH = ["launch.local_multihost", "--processes", "2", "--devices", "4",
           "--timeout", "240", "--grace", "5", "--heartbeat-timeout", "10", "--"]
@@ -31,18 +38,19 @@ def adam_reference(tmp_path_factory):
 def test_adafactor_two_processes_match_one(tmp_path):
   args = [*h.TINY, "--optimizer", "adafactor", "--steps", "3", "--checkpoint-every", "0"]
   assert h.run([*LAUNCH, *args, "--out", str(tmp_path / "mh")], tmp_path / "log", 240) == 0
+  assert "[Gloo]" not in (tmp_path / "log").read_text()
   one = h.run_in_process(tmp_path / "one", *args[len(h.TINY):])
-  np.testing.assert_allclose(h.losses(tmp_path / "mh"), one, rtol=1e-5)
+  assert_within_one_ulp(h.losses(tmp_path / "mh"), one)
 
 
 def test_adam_two_processes_match_one_and_resume_in_one(tmp_path, adam_reference):
   out = tmp_path / "mh"
   args = ["--optimizer", "adam", "--checkpoint-every", "2", "--out", str(out)]
   assert h.run([*LAUNCH, *h.TINY, *args, "--steps", "4"], tmp_path / "log", 240) == 0
-  np.testing.assert_allclose(h.losses(out), adam_reference[:4], rtol=1e-5)
+  assert_within_one_ulp(h.losses(out), adam_reference[:4])
   assert h.checkpoint_steps(out / "checkpoints") == [2, 4]
   resumed = h.run_in_process(out, *args, "--steps", "6", "--resume")
-  np.testing.assert_allclose(resumed, adam_reference[:6], rtol=1e-5)
+  assert_within_one_ulp(resumed, adam_reference[:6])
 
 
 def _child_with_process_id(launcher_pid: int, index: int) -> int:
