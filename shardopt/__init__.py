@@ -5,7 +5,8 @@ covers); every transformation builds its state from the params, so the
 state's shardings are derived from the params' (``shardopt.sharding``).
 
 Public namespaces: ``shardopt`` (this curated list), ``shardopt.schedules``,
-``shardopt.tree``, ``shardopt.contrib`` and ``shardopt.sharding``. The
+``shardopt.tree``, ``shardopt.tree_utils``, ``shardopt.transforms``, ``shardopt.losses``,
+``shardopt.contrib`` and ``shardopt.sharding``. The
 implementation lives in ``shardopt._src`` (see docs/architecture.md).
 """
 
@@ -13,6 +14,7 @@ from shardopt import contrib
 from shardopt import losses
 from shardopt import schedules
 from shardopt import sharding
+from shardopt import transforms
 from shardopt import tree
 from shardopt import tree_utils
 
@@ -108,6 +110,9 @@ from shardopt._src.wrappers.monitoring import (
 from shardopt._src.wrappers.multi_steps import (
     apply_every, ApplyEvery, MultiSteps, MultiStepsState, ShouldSkipUpdateFunction,
 )
+from shardopt._src.wrappers.quantized_state import (
+    describe_quantized_state, QuantizedArray, QuantizedStateReport, quantized_state,
+)
 
 # Line searches
 from shardopt._src.linesearch.backtracking import (
@@ -137,6 +142,11 @@ from shardopt._src.aliases.sign import lion, rprop, sign_sgd, signum
 from shardopt._src.trax.adafactor import trax_adafactor, TraxAdafactorState
 from shardopt._src.trax.optimizers import trax_adam, trax_momentum, trax_rmsprop
 from shardopt._src.trax.sm3 import MomentumType, trax_sm3, TraxSM3State
+
+# Differential privacy, at the top level as optax (deprecated there) keeps it
+from shardopt.contrib import (
+    differentially_private_aggregate, DifferentiallyPrivateAggregateState, dpsgd,
+)
 
 # Losses that optax also re-exports at its top level
 from shardopt.losses import (
@@ -175,7 +185,7 @@ __all__ = [
     "clip_by_block_rms", "clip_by_global_norm", "ClipByGlobalNormState", "ClipState",
     "conditionally_mask", "conditionally_transform", "ConditionallyMaskState",
     "ConditionallyTransformState", "ConditionFn", "constant_schedule", "contrib",
-    "cosine_decay_schedule", "cosine_onecycle_schedule", "ema", "EmaState", "EmptyState",
+    "cosine_decay_schedule", "cosine_onecycle_schedule", "describe_quantized_state", "ema", "EmaState", "EmptyState",
     "exponential_decay", "FactoredState", "flatten", "freeze", "fromage", "global_norm",
     "GradientTransformation", "GradientTransformationExtraArgs", "identity",
     "incremental_update", "init_empty_state", "inject_hyperparams",
@@ -190,7 +200,8 @@ __all__ = [
     "OptState", "Params", "partition", "PartitionState", "per_example_global_norm_clip",
     "per_example_layer_norm_clip", "periodic_update", "piecewise_constant_schedule",
     "piecewise_interpolate_schedule", "plan_state_shardings", "polyak_sgd",
-    "polynomial_schedule", "radam", "ReplicatedStateWarning", "rmsprop", "rprop",
+    "polynomial_schedule", "QuantizedArray", "quantized_state", "QuantizedStateReport",
+    "radam", "ReplicatedStateWarning", "rmsprop", "rprop",
     "safe_increment", "safe_int32_increment", "safe_norm", "safe_root_mean_squares",
     "ScalarOrSchedule", "scale", "scale_by_adadelta", "scale_by_adam", "scale_by_adamax",
     "scale_by_adan", "scale_by_amsgrad", "scale_by_backtracking_linesearch", "scale_by_belief",
@@ -226,4 +237,7 @@ __all__ = [
     "sigmoid_binary_cross_entropy", "sigmoid_focal_loss", "smooth_labels",
     "softmax_cross_entropy", "softmax_cross_entropy_with_integer_labels", "squared_error",
     "tree_utils",
+    # optax.transforms as a namespace; differential privacy as optax re-exports it
+    "transforms", "differentially_private_aggregate", "DifferentiallyPrivateAggregateState",
+    "dpsgd",
 ]

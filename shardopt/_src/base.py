@@ -15,6 +15,7 @@ from typing import Any
 from typing import Callable
 from typing import NamedTuple
 from typing import Protocol
+from typing import runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +29,7 @@ __all__ = [
     "Params",
     "ScalarOrSchedule",
     "Schedule",
+    "StatefulSchedule",
     "TransformInitFn",
     "TransformUpdateExtraArgsFn",
     "TransformUpdateFn",
@@ -55,6 +57,26 @@ Schedule = Callable[[jax.typing.ArrayLike], jax.typing.ArrayLike]
 
 
 ScalarOrSchedule = float | jax.Array | Schedule
+
+
+@runtime_checkable
+class StatefulSchedule(Protocol):
+  """A schedule that keeps a state (e.g. reads the loss through extra args).
+
+  ``inject_stateful_hyperparams`` calls ``init()`` once, then each step
+  ``__call__(state, **extra_args)`` for the value and
+  ``update(state, **extra_args)`` for the next state.
+  """
+
+  def init(self) -> Any:
+    """The schedule's initial state."""
+
+  def update(self, state: Any, **extra_args) -> Any:
+    """The state after one more step."""
+
+  def __call__(self, state: Any, **extra_args) -> jax.typing.ArrayLike:
+    """The hyperparameter's value in ``state``."""
+
 # A mask: a tree of bools with the params' structure (or a prefix of it), a
 # function of the params returning one, or None for "no mask".
 MaskOrFn = Any | Callable[[Params], Any] | None

@@ -17,6 +17,8 @@ __all__ = [
     "clip",
     "clip_by_block_rms",
     "clip_by_global_norm",
+    "unitwise_clip",
+    "unitwise_norm",
 ]
 
 ClipState = base.EmptyState
@@ -114,8 +116,29 @@ AdaptiveGradClipState = base.EmptyState
 _DEFAULT_AXES = {2: (0,), 3: (0,), 4: (0, 1, 2), 5: (0, 1, 2, 3)}
 
 
-def _unitwise_norm(x: jax.Array, axis) -> jax.Array:
-  """The L2 norm of each unit of ``x``, broadcast back to ``x``'s shape."""
+def unitwise_norm(x: jax.typing.ArrayLike,
+                  axis: int | tuple[int, ...] | None = None) -> jax.Array:
+  """The L2 norm of each unit of ``x``, broadcast back to ``x``'s shape.
+
+  A unit is a slice of ``x`` over ``axis``.
+
+  Args:
+    x: an array (an update or a param).
+    axis: the axes reduced to form a unit's norm; ``None`` (default) picks
+      by rank: the whole array for scalars and vectors, axis 0 for 2-D and
+      3-D kernels, all but the last axis for 4-D and 5-D convolution kernels.
+
+  Returns:
+    An array of ``x``'s shape holding, at each element, the norm of its unit.
+
+  Raises:
+    ValueError: ``axis`` is ``None`` and ``x``'s rank has no default unit.
+
+  References:
+    Brock et al., "High-Performance Large-Scale Image Recognition Without
+    Normalization", ICML 2021 (https://arxiv.org/abs/2102.06171).
+  """
+  x = jnp.asarray(x)
   if axis is None:
     if jnp.squeeze(x).ndim <= 1:
       axis = None
@@ -123,11 +146,39 @@ def _unitwise_norm(x: jax.Array, axis) -> jax.Array:
       axis = _DEFAULT_AXES[x.ndim]
     else:
       raise ValueError(
-          f"adaptive_grad_clip: no default unit for a param of shape {x.shape};"
+          f"unitwise_norm: no default unit for an array of shape {x.shape};"
           " pass axis=... to name the axes to take the norm over"
       )
   sq_norm = jnp.sum(numerics.abs_sq(x), axis=axis, keepdims=True)
   return jnp.broadcast_to(jnp.sqrt(sq_norm), x.shape)
+
+
+def unitwise_clip(g_norm: jax.typing.ArrayLike, max_norm: jax.typing.ArrayLike,
+                  grad: jax.typing.ArrayLike,
+                  div_eps: jax.typing.ArrayLike = 1e-6) -> jax.Array:
+  """``grad`` where its unit norm is below ``max_norm``, else rescaled to it.
+
+  Args:
+    g_norm: the unit norms of ``grad`` (``unitwise_norm(grad)``).
+    max_norm: the largest unit norm kept, of ``g_norm``'s shape.
+    grad: the update to clip.
+    div_eps: floor of the divisor; it only guards 0/0 and cannot bind
+      where clipping happens (default 1e-6).
+
+  Returns:
+    ``grad``, each unit whose norm is at least ``max_norm`` scaled to
+    ``max_norm``.
+
+  Raises:
+    ValueError: the three arrays do not have one shape.
+  """
+  shapes = {jnp.shape(g_norm), jnp.shape(max_norm), jnp.shape(grad)}
+  if len(shapes) != 1:
+    raise ValueError(f"unitwise_clip: g_norm, max_norm and grad must have one "
+                     f"shape, got {jnp.shape(g_norm)}, {jnp.shape(max_norm)} "
+                     f"and {jnp.shape(grad)}")
+  clipped = grad * (max_norm / jnp.maximum(g_norm, div_eps))
+  return jnp.where(g_norm < max_norm, grad, clipped)
 
 
 def adaptive_grad_clip(
@@ -160,11 +211,8 @@ def adaptive_grad_clip(
   """
 
   def clip_unit(g, p):
-    g_norm = _unitwise_norm(g, axis)
-    max_norm = clipping * jnp.maximum(_unitwise_norm(p, axis), eps)
-    # The floor on the divisor only guards 0/0; it cannot bind when clipping.
-    clipped = g * (max_norm / jnp.maximum(g_norm, 1e-6))
-    return jnp.where(g_norm < max_norm, g, clipped)
+    max_norm = clipping * jnp.maximum(unitwise_norm(p, axis), eps)
+    return unitwise_clip(unitwise_norm(g, axis), max_norm, g)
 
   def update_fn(updates: Any, state, params=None):
     if params is None:

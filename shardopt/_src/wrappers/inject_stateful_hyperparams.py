@@ -66,11 +66,6 @@ class WrappedSchedule:
     return self.schedule_fn(state.count)
 
 
-def _is_stateful(schedule) -> bool:
-  return all(callable(getattr(schedule, name, None))
-             for name in ("init", "update", "__call__"))
-
-
 def inject_stateful_hyperparams(
     inner_factory: Callable[..., base.GradientTransformation],
     static_args: str | Iterable[str] = (),
@@ -108,7 +103,7 @@ def inject_stateful_hyperparams(
     bound = signature.bind(*args, **kwargs)
     bound.apply_defaults()
     schedules, numbers, others = inject_hyperparams_lib.split_arguments(bound, static_args)
-    schedules = {k: f if _is_stateful(f) else WrappedSchedule(f)
+    schedules = {k: f if isinstance(f, base.StatefulSchedule) else WrappedSchedule(f)
                  for k, f in schedules.items()}
 
     def hyperparams_at(stored, schedule_states, dtype, extra_args):
