@@ -104,15 +104,27 @@ class MultiSteps:
 
   Each ``update`` adds the gradients to an accumulator (their running mean,
   or sum with ``use_grad_mean=False``) and returns zeros; the k-th passes the
-  accumulated gradients to the inner optimizer and returns its updates.
-  ``every_k_schedule`` is an int or a function of the gradient step (varying
-  the effective batch size). A mini-step for which ``should_skip_update_fn``
-  returns True (see ``skip_not_finite``, ``skip_large_updates``) leaves the
-  state as if it had not happened.
+  accumulated gradients to the inner optimizer and returns its updates. A
+  mini-step for which ``should_skip_update_fn`` returns True (see
+  ``skip_not_finite``, ``skip_large_updates``) leaves the state as if it had
+  not happened. Use ``MultiSteps(...).gradient_transformation()`` where a
+  ``GradientTransformation`` is expected.
 
-  Reference: gradient accumulation ("delayed updates") as in Ott et al.,
-  "Scaling Neural Machine Translation", WMT 2018
-  (https://arxiv.org/abs/1806.00187).
+  Args:
+    opt: the inner optimizer.
+    every_k_schedule: k, an int or a function of the gradient step (varying
+      the effective batch size).
+    use_grad_mean: whether the accumulator holds the mean (default True) or
+      the sum of the mini-step gradients.
+    should_skip_update_fn: ``fn(updates, gradient_step, params) ->
+      (should_skip, skip_state)``; ``None`` (default) never skips.
+    accumulator_dtype: dtype of the accumulated gradients (default float32;
+      ``None`` keeps the gradients' dtype).
+
+  References:
+    gradient accumulation ("delayed updates") as in Ott et al., "Scaling
+    Neural Machine Translation", WMT 2018
+    (https://arxiv.org/abs/1806.00187).
   """
 
   def __init__(
