@@ -148,9 +148,9 @@ def polyak_sgd(
 ) -> _Extra:
   """SGD with the Polyak step size; ``update`` needs ``value=``.
 
-  The step is ``min((f(x) - f_min) / (||g||^2 + eps), max_learning_rate) * g``
-  (variant ``"sps"``; ``"sps+"`` clips ``f(x) - f_min`` at 0), applied to the
-  gradient scaled by ``scaling``.
+  The gradient is first scaled, ``u = -scaling * g``; the update is
+  ``min((f(x) - f_min) / (||u||^2 + eps), max_learning_rate) * u``
+  (variant ``"sps"``; ``"sps+"`` clips ``f(x) - f_min`` at 0).
 
   Args:
     max_learning_rate: upper bound of the step size (default 1.0).
