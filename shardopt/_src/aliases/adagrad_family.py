@@ -106,10 +106,10 @@ def sm3(
   """SM3: Adagrad with one accumulator per row, column, ... of each param.
 
   For a param of shape ``(n_1, ..., n_k)`` SM3 keeps ``k`` vectors of sizes
-  ``n_i`` instead of a full second moment: each coordinate's sum of squared
-  gradients is estimated by the minimum over its covers, so the state is
-  ``sum(n_i)`` numbers per param. A momentum trace follows (see
-  ``scale_by_sm3``).
+  ``n_i`` (``sum(n_i)`` numbers) instead of a full second moment: each
+  coordinate's sum of squared gradients is estimated by the minimum over its
+  covers. The rescaled gradient then goes through a momentum, which is kept
+  in full (see ``scale_by_sm3``).
 
   Args:
     learning_rate: a scalar or a schedule of the step count.

@@ -37,7 +37,8 @@ def lion(
 
   The update is ``-learning_rate * (sign((1 - b1) * g + b1 * m) +
   weight_decay * p)``, then the momentum ``m = b2 * m + (1 - b2) * g``:
-  every coordinate moves by exactly the learning rate (plus decay).
+  each coordinate moves by the learning rate (plus the decay) or, where the
+  interpolation is zero, not at all.
 
   Args:
     learning_rate: a scalar or a schedule of the step count.
