@@ -18,8 +18,8 @@ Writes benchmarks/results/memory_plans.md.
 
 import pathlib
 import sys
-import warnings
 from typing import NamedTuple
+import warnings
 
 import jax
 
@@ -75,26 +75,26 @@ def _rows(memory: partitioning.MemoryPlan) -> list[str]:
 
 def main() -> None:
   lines = ["# Per-device memory plans: 7B on 256 devices, 70B on 2,048", "",
-           "Command: `python -m benchmarks.memory_plans` (from the repository "
-           "root; abstract meshes, no devices needed)", "",
-           "Params by the `fsdp_tp` preset, gradients in the params' "
+           ("Command: `python -m benchmarks.memory_plans` (from the repository "
+           "root; abstract meshes, no devices needed)"), "",
+           ("Params by the `fsdp_tp` preset, gradients in the params' "
            "shardings (as the sharded step holds them), AdamW state (float32 "
            f"mu, nu) derived by `shardopt.plan_state_shardings` with ZeRO over "
            f"`{ZERO_AXIS}`. Ideal = total bytes / devices; the test "
-           "`tests/test_memory_plan_7b.py` checks every ratio is within 2%.", ""]
+           "`tests/test_memory_plan_7b.py` checks every ratio is within 2%."), ""]
   for name, model in models().items():
     memory, state_plan = plan(model, shardopt.adamw(1e-4))
     count = sum(p.size for p in jax.tree.leaves(model.shapes))
     mesh = " x ".join(f"{k}={v}" for k, v in model.mesh.items())
     layout = "stacked layers" if model.stacked else "a subtree per layer"
-    lines += [f"## {name}: {count:,} params, {memory.num_devices} devices "
-              f"({mesh}), {layout}", "",
+    lines += [(f"## {name}: {count:,} params, {memory.num_devices} devices "
+              f"({mesh}), {layout}"), "",
               "| tree | total | per device (bytes) | ideal (bytes) | per-device / ideal |",
               "|---|---|---|---|---|", *_rows(memory), "",
-              f"ZeRO over `{ZERO_AXIS}`: {len(state_plan.zero_sharded)} state "
+              (f"ZeRO over `{ZERO_AXIS}`: {len(state_plan.zero_sharded)} state "
               f"leaves sharded by ZeRO, {len(state_plan.zero_skipped)} left as "
               "they were (already split over it by the params' layout) of "
-              f"{len(state_plan.leaves)}.", ""]
+              f"{len(state_plan.leaves)}."), ""]
     print(f"{name}:\n{memory.table()}\n")
   RESULTS.parent.mkdir(parents=True, exist_ok=True)
   RESULTS.write_text("\n".join(lines))

@@ -4,9 +4,9 @@ and params, gradients and ZeRO state of 7B on 256 and 70B on 2,048."""
 import jax
 import pytest
 
+from benchmarks import memory_plans
 import partitioning
 import shardopt
-from benchmarks import memory_plans
 
 MESH = {"fsdp": 16, "model": 16}
 

@@ -3,16 +3,16 @@ Adafactor / SM3 state on stacked params, equal to optax and sharded."""
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 import numpy as np
 import optax
 import pytest
-from jax.sharding import PartitionSpec as P
 
-import partitioning
-import shardopt
 from launch.model import ModelConfig
 from launch.model import Transformer
 from launch.model import next_token_loss
+import partitioning
+import shardopt
 
 STEPS = 5
 

@@ -4,10 +4,10 @@ kind of wrapper, and L-BFGS's (m, *param) memories."""
 
 import jax
 import jax.numpy as jnp
-import optax
-import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+import optax
+import pytest
 
 import partitioning
 import shardopt

@@ -4,9 +4,9 @@ the reason, and the README's pattern leaving the user's arrays alive."""
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 import numpy as np
 import pytest
-from jax.sharding import PartitionSpec as P
 
 import partitioning
 import shardopt

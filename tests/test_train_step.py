@@ -3,10 +3,10 @@ to the two-program path (a jitted value_and_grad, then opt.update)."""
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+import numpy as np
+import pytest
 
 import partitioning
 import shardopt
@@ -87,7 +87,7 @@ def test_train_step_donates_params_and_state_and_needs_no_temporary():
   # Nothing like a second copy of params + state is allocated.
   state_bytes = sum(l.nbytes for l in jax.tree.leaves((params, state)))
   assert compiled.memory_analysis().temp_size_in_bytes < state_bytes
-  new_params, new_state, _ = train_step(params, state, batch)
+  _new_params, new_state, _ = train_step(params, state, batch)
   assert params["w1"].is_deleted() and state[0].mu["w1"].is_deleted()
   assert not batch[0].is_deleted()
   with pytest.raises(RuntimeError, match=r"params\['w1'\].*donated"):
@@ -103,3 +103,25 @@ def test_batch_is_split_over_the_data_axes_and_bad_axes_are_named():
   assert batch_sharding[0].spec == P("data")
   with pytest.raises(ValueError, match=r"data_axes \['fsdp'\]"):
     opt.train_step(_loss, data_axes="fsdp")
+
+
+def test_explicit_mesh_one_program_equals_two_programs():
+  """On Explicit axes the gradients keep the params' layout by ``reshard``."""
+  mesh = partitioning.make_mesh({"data": 4, "model": 2}, axis_types="explicit")
+  shardings = partitioning.named_shardings(mesh, SPECS)
+  opt = shardopt.make_sharded_optimizer(shardopt.adam(1e-2), _params(), shardings,
+                                        shard_state_over="data", min_shard_bytes=0)
+  # Contracting only unsharded dims: unambiguous on Explicit axes.
+  loss = lambda p, batch: (jnp.mean((batch[0] @ p["w1"]) ** 2)
+                           + jnp.mean(p["w2"] ** 2) + jnp.mean(p["scale"] ** 2))
+  grad_fn = jax.jit(jax.value_and_grad(loss))
+  one, two = _placed(shardings), _placed(shardings)
+  one_state, two_state = opt.init(one), opt.init(two)
+  train_step = opt.train_step(loss)
+  for step in range(3):
+    batch = _batch(step, mesh)
+    _, grads = grad_fn(two, batch)
+    two, two_state = opt.update(grads, two_state, two)
+    one, one_state, _ = train_step(one, one_state, batch)
+  for got, want in zip(jax.tree.leaves(one), jax.tree.leaves(two)):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)

@@ -27,6 +27,7 @@ from typing import Any
 from typing import NamedTuple
 
 import jax
+from jax.sharding import AxisType
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -127,6 +128,14 @@ def _mesh_of(shardings):
   return jax.tree.leaves(shardings)[0].mesh
 
 
+def _in_layout(tree, shardings):
+  """``tree`` laid out in ``shardings`` inside a jitted function (on
+  Explicit axes by ``reshard``, on Auto axes by a sharding constraint)."""
+  if AxisType.Explicit in _mesh_of(shardings).axis_types:
+    return jax.sharding.reshard(tree, shardings)
+  return jax.lax.with_sharding_constraint(tree, shardings)
+
+
 def _data_axes(mesh, data_axes, zero_axis) -> tuple[str, ...]:
   """The mesh axes the batch's leading dimension is split over."""
   if data_axes is None:
@@ -176,10 +185,13 @@ class ShardedOptimizer(NamedTuple):
     mesh = _mesh_of(self.param_shardings)
     batch_sharding = NamedSharding(
         mesh, P(_data_axes(mesh, data_axes, self.plan.axis)))
-    tx = self.tx
+    tx, param_shardings = self.tx, self.param_shardings
 
     def step(params, state, batch):
       loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+      # The backward pass keeps the params' layout, as in the two-program
+      # step: without this, the state's ZeRO layout propagates into it.
+      grads = _in_layout(grads, param_shardings)
       updates, new_state = tx.update(grads, state, params)
       return apply_updates(params, updates), new_state, loss
 
