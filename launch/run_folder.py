@@ -68,18 +68,22 @@ def metrics_records(folder) -> int:
   return len(path.read_text().splitlines()) if path.is_file() else 0
 
 
-def describe(folder, checkpoint_dir=None) -> str:
-  """What a run folder holds, in a few words (for error messages)."""
-  folder = pathlib.Path(folder)
-  checkpoint_dir = folder / "checkpoints" if checkpoint_dir is None else checkpoint_dir
-  if not folder.exists() and not pathlib.Path(checkpoint_dir).exists():
-    return f"{folder} (does not exist)"
+def _contents(folder: pathlib.Path, checkpoint_dir) -> str:
   steps, unfinished = finalized_steps(checkpoint_dir), unfinished_saves(checkpoint_dir)
   parts = [f"checkpoint steps {steps}" if steps else "no checkpoints"]
   if unfinished:
     parts.append(f"unfinished saves {', '.join(unfinished)}")
   parts.append(f"metrics.jsonl with {metrics_records(folder)} records")
-  return f"{folder} ({'; '.join(parts)})"
+  return "; ".join(parts)
+
+
+def describe(folder, checkpoint_dir=None) -> str:
+  """What a run folder holds, in a few words (for error messages)."""
+  folder = pathlib.Path(folder)
+  checkpoint_dir = folder / "checkpoints" if checkpoint_dir is None else checkpoint_dir
+  if not folder.exists() and not epath.Path(checkpoint_dir).exists():
+    return f"{folder} (does not exist)"
+  return f"{folder} ({_contents(folder, checkpoint_dir)})"
 
 
 def newest_resumable(root: pathlib.Path = RUNS) -> pathlib.Path:
@@ -162,7 +166,8 @@ def prepare(args: argparse.Namespace, is_main: bool = True) -> tuple[bool, str |
                      " Start without --resume, or use --resume auto to start fresh when"
                      " there is no checkpoint")
   if not args.resume and (steps or metrics_records(args.out)):
-    raise UsageError(f"--out {args.out} already holds a run ({describe(args.out, args.checkpoint_dir)}):"
+    contents = _contents(pathlib.Path(args.out), args.checkpoint_dir)
+    raise UsageError(f"--out {args.out} already holds a run ({contents}):"
                      " pass --resume to continue it, or choose another --out or"
                      " --checkpoint-dir to start afresh")
   _check_writable("--out", args.out)
