@@ -11,7 +11,8 @@ import argparse
 import math
 import os
 
-__all__ = ["NonFiniteError", "UsageError", "check_args", "parse_args", "set_cpu_devices"]
+__all__ = ["NonFiniteError", "UsageError", "check_args", "parse_args", "set_cpu_devices",
+           "several_processes"]
 
 
 class UsageError(Exception):
@@ -175,9 +176,13 @@ def _check_numbers(args: argparse.Namespace) -> None:
       raise UsageError(f"--opt {key}={value}: must be a finite number")
 
 
+def several_processes(args: argparse.Namespace) -> bool:
+  """Whether the arguments join a multi-process job."""
+  return bool(args.coordinator or args.auto_distributed or (args.num_processes or 1) > 1)
+
+
 def _check_processes(args: argparse.Namespace) -> None:
-  several = args.coordinator or args.auto_distributed or (args.num_processes or 1) > 1
-  if several and args.out is None:
+  if several_processes(args) and args.out is None:
     raise UsageError("a multi-process job needs --out (the same folder for every process)")
   if args.coordinator and (args.num_processes is None or args.process_id is None):
     raise UsageError("--coordinator needs --num-processes and --process-id")

@@ -31,9 +31,8 @@ def _error(error: Exception, debug: bool, named: bool) -> None:
 
 def _run(args) -> int:
   cli.set_cpu_devices(args.cpu_devices)
-  several = args.coordinator or args.auto_distributed or (args.num_processes or 1) > 1
   restore_stdout = None
-  if several:  # gloo's collectives print connection lines to stdout
+  if cli.several_processes(args):  # gloo's collectives print connection lines to stdout
     from launch import quiet_stdout  # pylint: disable=import-outside-toplevel
     restore_stdout = quiet_stdout.python_only()
   try:

@@ -325,6 +325,15 @@ def _damage_newest(run: pathlib.Path) -> dict[pathlib.Path, bytes]:
   return damaged
 
 
+def test_every_checkpoint_damaged(run, tmp_path):
+  for step in (2, 4):
+    shutil.rmtree(run / "checkpoints" / str(step) / "state")
+  before = hashes(run)
+  usage_error(job(tmp_path, *RUN, "--steps", "6", "--resume", "--out", str(run)),
+              "--resume: no checkpoint in", "reads back")
+  assert hashes(run) == before
+
+
 @pytest.mark.slow
 def test_corrupt_newest_checkpoint_falls_back_with_a_warning(run, tmp_path):
   damaged = _damage_newest(run)
