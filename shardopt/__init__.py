@@ -174,6 +174,7 @@ from shardopt.sharding import (
 )
 from shardopt.sharding import (
     make_sharded_optimizer, sharded_init, sharded_update, ShardedOptimizer, ShardedUpdate,
+    TrainStep,
 )
 
 __all__ = [
@@ -222,7 +223,7 @@ __all__ = [
     "sharded_update", "ShardedOptimizer", "ShardedUpdate", "sharding",
     "ShouldSkipUpdateFunction", "sign_sgd", "signum", "skip_large_updates", "skip_not_finite",
     "sm3", "snapshot", "SnapshotState", "state_shardings", "stateless",
-    "stateless_with_tree_map", "StatePlan", "trace", "TraceState", "TransformInitFn",
+    "stateless_with_tree_map", "StatePlan", "trace", "TraceState", "TrainStep", "TransformInitFn",
     "TransformUpdateExtraArgsFn", "TransformUpdateFn", "trax_adafactor", "trax_adam",
     "trax_momentum", "trax_rmsprop", "trax_sm3", "TraxAdafactorState", "TraxSM3State", "tree",
     "tree_map_params", "update_infinity_moment", "update_moment", "update_moment_per_elem_norm",
