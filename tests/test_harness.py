@@ -13,9 +13,11 @@
     have it, with the reason, in SHARDED_STEP_TOLERANCE.
 
 (d) with ZeRO over 'data' on that mesh, params replicated over 'data': the
-    state's bytes on the most loaded device (from its shards) are at most
-    0.55x those without ZeRO for every entry whose state holds an array at
-    least as large as a param, and every leaf >= min_shard_bytes that ZeRO
+    state's bytes on the most loaded device (read from its shards, equal to
+    the plan's count) are at most 0.55x the plan's count without ZeRO (a
+    count tests/test_step.py checks against the shards) for every entry
+    whose state holds an array at least as large as a param, and every leaf
+    >= min_shard_bytes that ZeRO
     left unsharded is listed in the plan with its reason and warned about.
 
 Known failures are listed, each with the exception it raises and its reason,

@@ -117,7 +117,7 @@ class TrainStep(NamedTuple):
   jitted: Any
 
   def __call__(self, params, state, batch):
-    check_live("train_step", params=params, state=state)
+    check_live("train_step", params=params, state=state, batch=batch)
     return self.jitted(params, state, batch)
 
   def lower(self, params, state, batch):
