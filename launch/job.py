@@ -128,16 +128,18 @@ def _initial_state(args, model, abstract, opt, abstract_state, manager, resumed,
   --seed, or the newest intact checkpoint when ``resumed`` (same run
   configuration required)."""
   if resumed:
+    is_main = jax.process_index() == 0
     target = {"params": abstract, "opt_state": abstract_state}
-    restored = resume.restore(manager, target, config, args.steps, _say,
-                              is_main=jax.process_index() == 0)
-    _say(f"resumed from step {restored.step} ({args.checkpoint_dir})")
-    return (restored.state["params"], restored.state["opt_state"], restored.step,
-            bool(restored.skipped))
+    restored = resume.restore(manager, target, config, args.steps, _say, is_main=is_main,
+                              auto=args.resume == "auto", out=args.out)
+    if restored is not None:
+      _say(f"resumed from step {restored.step} ({args.checkpoint_dir})")
+      return (restored.state["params"], restored.state["opt_state"], restored.step,
+              bool(restored.skipped))
   init = lambda key: model.init(key, jnp.zeros((1, args.seq_len - 1), jnp.int32))["params"]
   param_shardings = jax.tree.map(lambda a: a.sharding, abstract)
   params = jax.jit(init, out_shardings=param_shardings)(jax.random.key(args.seed))
-  return params, opt.init(params), 0, False
+  return params, opt.init(params), 0, resumed
 
 
 def _open_manager(args) -> checkpoints.CheckpointManager:

@@ -14,6 +14,7 @@ import os
 
 import checkpoints
 from launch import run_config
+from launch import run_folder
 from launch.cli import UsageError
 
 __all__ = ["check_config", "restore"]
@@ -69,15 +70,16 @@ def _set_aside(directory, step: int, is_main: bool) -> str:
 
 
 def _restore_newest_valid(manager, target):
-  logger = logging.getLogger("checkpoints")  # its warnings become our one line
+  """``restore_latest_valid``, its log lines kept off the terminal (they
+  become our one-line warnings); None when no step is intact."""
+  logger = logging.getLogger("checkpoints")
   collect, propagate = _Collect([]), logger.propagate
   logger.addHandler(collect)
   logger.propagate = False
   try:
     return manager.restore_latest_valid(target)
-  except checkpoints.NoCheckpointError as e:
-    raise UsageError(f"--resume: no checkpoint in {manager.directory} reads back"
-                     f" ({_first_line(e)}); restore one, or start another --out") from e
+  except checkpoints.NoCheckpointError:
+    return None
   except checkpoints.StructureMismatchError as e:
     raise UsageError(f"--resume: the checkpoint does not fit this model and optimizer:"
                      f" {_first_line(e)}") from e
@@ -86,14 +88,27 @@ def _restore_newest_valid(manager, target):
     logger.propagate = propagate
 
 
+def _none_intact(manager, steps: list[int], auto: bool, say, is_main: bool, out) -> None:
+  """No step reads back: an error, or with ``auto`` a fresh start: the damaged
+  steps and the run's metrics are set aside (kept under other names)."""
+  where = f"{manager.directory}"
+  if not auto:
+    raise UsageError(f"--resume: no checkpoint in {where} reads back (steps {steps} are all"
+                     " damaged); restore one from a copy, or start another --out")
+  kept = [_set_aside(manager.directory, step, is_main) for step in steps]
+  metrics = run_folder.set_aside_metrics(out, is_main)
+  say(f"--resume auto: no checkpoint in {where} reads back: starting fresh (damaged steps kept"
+      f" as {', '.join(kept)}" + (f"; earlier metrics as {metrics})" if metrics else ")"))
+
+
 def restore(manager, target: dict, current_config: dict, steps_wanted: int, say=print,
-            is_main: bool = True):
+            is_main: bool = True, auto: bool = False, out=None):
   """The restored state (``checkpoints.Restored``) of the newest intact step.
 
   Raises UsageError when the flags differ from the saved run's, when no step
-  reads back, or when ``steps_wanted`` is below the restored step. When
-  ``Restored.skipped`` is not empty the damaged steps were renamed: reopen
-  the manager before saving.
+  reads back (with ``auto``: every step and the metrics in ``out`` are set
+  aside and None returned: start fresh), or when ``steps_wanted`` is below the restored step. When a step was
+  set aside (``Restored.skipped`` or None), reopen the manager before saving.
   """
   steps = manager.all_steps()
   where = f"{manager.directory} (step {steps[-1]})"
@@ -102,6 +117,8 @@ def restore(manager, target: dict, current_config: dict, steps_wanted: int, say=
   except checkpoints.CorruptCheckpointError:
     pass  # Checked below, on the step that reads back.
   restored = _restore_newest_valid(manager, target)
+  if restored is None:
+    return _none_intact(manager, steps, auto, say, is_main, out)
   if restored.skipped:
     check_config(restored.metadata, current_config, f"{manager.directory} (step {restored.step})",
                  lambda line: None)

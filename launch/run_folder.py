@@ -16,7 +16,7 @@ from etils import epath
 from launch.cli import UsageError
 
 __all__ = ["RUNS", "claim_new", "describe", "finalized_steps", "metrics_records",
-           "new_name", "newest_resumable", "prepare", "unfinished_saves"]
+           "new_name", "newest_resumable", "prepare", "set_aside_metrics", "unfinished_saves"]
 
 RUNS = pathlib.Path("runs")
 
@@ -107,26 +107,27 @@ def _check_writable(flag: str, path: str) -> None:
                      " there); make it writable or name another folder")
 
 
-def _set_aside(metrics: pathlib.Path) -> pathlib.Path:
-  """Renames an earlier metrics.jsonl to metrics.before-<n>.jsonl (nothing is deleted)."""
+def set_aside_metrics(folder, is_main: bool = True) -> str | None:
+  """Renames ``folder/metrics.jsonl`` of an earlier start to
+  ``metrics.before-<n>.jsonl`` (nothing is deleted); returns the new name, or
+  None when there is no such file. Only ``is_main`` renames."""
+  metrics = pathlib.Path(folder) / "metrics.jsonl"
+  if not metrics.exists():
+    return None
   for n in range(1, 1000):
     kept = metrics.with_name(f"metrics.before-{n}.jsonl")
     if not kept.exists():
-      metrics.rename(kept)
-      return kept
+      if is_main:
+        metrics.rename(kept)
+      return kept.name
   raise UsageError(f"{metrics.parent}: 999 earlier metrics files; pass another --out")
 
 
 def _fresh_into_existing(args: argparse.Namespace, is_main: bool) -> str:
   """``--resume auto`` with no checkpoint in an existing --out: start fresh, say so."""
   note = f"--resume auto: no checkpoint in {args.checkpoint_dir}: starting fresh"
-  metrics = pathlib.Path(args.out) / "metrics.jsonl"
-  if metrics.exists():
-    note += f" (earlier metrics kept as {metrics.parent / 'metrics.before-N.jsonl'})"
-    if is_main:
-      kept = _set_aside(metrics)
-      note = note.replace("metrics.before-N.jsonl", kept.name)
-  return note
+  kept = set_aside_metrics(args.out, is_main)
+  return note + (f" (earlier metrics kept as {kept})" if kept else "")
 
 
 def _resolve_default_out(args: argparse.Namespace) -> tuple[bool, str | None]:

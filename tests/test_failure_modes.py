@@ -335,6 +335,25 @@ def test_every_checkpoint_damaged(run, tmp_path):
 
 
 @pytest.mark.slow
+def test_resume_auto_with_every_checkpoint_damaged_starts_fresh(run, tmp_path):
+  for step in (2, 4):
+    shutil.rmtree(run / "checkpoints" / str(step) / "state")
+  before = hashes(run)
+  result = job(tmp_path, *RUN, "--steps", "2", "--resume", "auto", "--out", str(run))
+  assert result.code == 0, result.err[-2000:]
+  lines = [line for line in result.out.splitlines() if line.startswith("--resume auto")]
+  assert len(lines) == 1 and "reads back: starting fresh" in lines[0]
+  assert "2.damaged, 4.damaged" in lines[0] and "metrics.before-1.jsonl" in lines[0]
+  kept = {k.replace("checkpoints/2.damaged/", "checkpoints/2/")
+          .replace("checkpoints/4.damaged/", "checkpoints/4/")
+          .replace("metrics.before-1.jsonl", "metrics.jsonl"): v
+          for k, v in hashes(run).items() if ".damaged/" in k or "before-1" in k}
+  assert kept == {k: v for k, v in before.items() if k != "loss.png"}
+  assert [r["step"] for r in records(run)] == [1, 2] and h.checkpoint_steps(
+      run / "checkpoints") == [2]
+
+
+@pytest.mark.slow
 def test_corrupt_newest_checkpoint_falls_back_with_a_warning(run, tmp_path):
   damaged = _damage_newest(run)
   kept, first = step_files(run, [2]), records(run)
