@@ -238,6 +238,11 @@ ENTRIES: tuple[Entry, ...] = (
                         "slow_step_size": 0.5}, finish=_on_synced_params),
     Entry("low_precision_state", {"inner": _ADAM, "dtype": jnp.bfloat16},
           oracle=False),
+    # Quantized moments of the harness's 512-element param: tiles of 16.
+    Entry("quantized_state", {"inner": _ADAM, "bits": 8, "block_size": 16,
+                              "min_size": 128}, oracle=False, variant="8-bit"),
+    Entry("quantized_state", {"inner": _ADAM, "bits": 4, "block_size": 16,
+                              "min_size": 128}, oracle=False, variant="4-bit"),
     # Optimizers (optax's aliases).
     Entry("sgd", {"learning_rate": 0.1, "momentum": 0.9, "nesterov": True}),
     Entry("adam", _LR),

@@ -13,6 +13,10 @@ factors, SM3's covers) takes it if it kept that dimension. Statistics of one
 param are combined by broadcasting, so two of them split over one axis on
 different param dimensions would be an illegal layout on Explicit meshes.
 A leaf that derives from no param takes its own largest such dimension.
+A leaf laid out in blocks of its param (its rank, every dimension a divisor
+of the param's: quantized state's scales and packed 4-bit codes) splits the
+same dimension whatever its size, when its block count there divides, so a
+block, its codes and its scale live on one device.
 """
 
 import itertools
@@ -38,6 +42,14 @@ def _free_divisible(shape, spec, size) -> tuple[str, int | None]:
   return f"dim {dim}", dim
 
 
+def _in_blocks_of(shape, param_shape) -> bool:
+  """The param's rank, not its shape, every dimension a divisor of the
+  param's and above 1 where the param's is (a block-wise layout)."""
+  return (len(shape) == len(param_shape) and tuple(shape) != tuple(param_shape)
+          and all(p % s == 0 and (s > 1 or p == 1)
+                  for s, p in zip(shape, param_shape)))
+
+
 def param_dims(shape, param_shape) -> list[int | None] | None:
   """Per leaf dimension, the param dimension it keeps (None: its own, e.g. a
   history dimension); None when the two shapes match no single way."""
@@ -49,6 +61,8 @@ def param_dims(shape, param_shape) -> list[int | None] | None:
     return [None] * (rank - param_rank) + list(range(param_rank))
   if rank == param_rank and all(s in (p, 1) for s, p in zip(shape, param_shape)):
     return [d if s == p else None for d, (s, p) in enumerate(zip(shape, param_shape))]
+  if _in_blocks_of(shape, param_shape):
+    return list(range(rank))
   if rank < param_rank:
     matches = [kept for kept in itertools.combinations(range(param_rank), rank)
                if all(shape[i] == param_shape[d] for i, d in enumerate(kept))]
@@ -77,7 +91,8 @@ def zero_dimension(shape, dtype, spec, param_shape, param_spec, axis: str,
   if not shape:
     return "not sharded: scalar", None
   nbytes = math.prod(shape) * getattr(dtype, "itemsize", 0)
-  if nbytes < min_shard_bytes:
+  in_blocks = param_shape is not None and _in_blocks_of(shape, param_shape)
+  if nbytes < min_shard_bytes and not in_blocks:
     return (f"not sharded: {nbytes} bytes < min_shard_bytes="
             f"{min_shard_bytes}"), None
   if axis in spec_axes(spec):
@@ -100,4 +115,7 @@ def zero_dimension(shape, dtype, spec, param_shape, param_spec, axis: str,
   dim = kept.index(param_dim)
   if spec[dim] is not None:
     return f"not sharded: dimension {dim} is already sharded ({spec})", None
-  return f"dim {dim}", dim
+  if in_blocks and shape[dim] % size:
+    return (f"not sharded: {shape[dim]} blocks along its param's ZeRO "
+            f"dimension {dim}, not divisible by {size}"), None
+  return f"dim {dim}" + (" (blocks of its param)" if in_blocks else ""), dim

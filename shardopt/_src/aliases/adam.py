@@ -2,8 +2,9 @@
 
 Same names, signatures, defaults and numbers as optax 0.2.8; each returns a
 ``GradientTransformationExtraArgs`` (a ``chain``). Both also take
-``nu_dtype``, the dtype of the second moment. NAdam/NAdamW are in nadam.py,
-AMSGrad and RAdam in adam_variants.py.
+``nu_dtype``, the dtype of the second moment, and ``state_bits`` (8 or 4:
+moments stored block-wise quantized, see wrappers/quantized_state.py).
+NAdam/NAdamW are in nadam.py, AMSGrad and RAdam in adam_variants.py.
 """
 
 from typing import Any
@@ -15,6 +16,7 @@ from shardopt._src.transforms import adam as adam_lib
 from shardopt._src.transforms import scaling
 from shardopt._src.transforms import weight_decay as weight_decay_lib
 from shardopt._src.wrappers import combine
+from shardopt._src.wrappers import quantized_state as quantized_lib
 
 __all__ = [
     "adam",
@@ -23,6 +25,13 @@ __all__ = [
 
 MaskOrFn = base.MaskOrFn
 _Extra = base.GradientTransformationExtraArgs
+
+
+def _with_state_bits(tx: _Extra, state_bits: int | None) -> _Extra:
+  """``tx``, its moments quantized to ``state_bits`` when given."""
+  if state_bits is None:
+    return tx
+  return quantized_lib.quantized_state(tx, bits=state_bits)
 
 
 def adam(
@@ -35,6 +44,7 @@ def adam(
     *,
     nesterov: bool = False,
     nu_dtype: Any | None = None,
+    state_bits: int | None = None,
 ) -> _Extra:
   """Adam: steps by bias-corrected first over second moment estimates.
 
@@ -56,6 +66,9 @@ def adam(
     nesterov: whether to use Nesterov momentum (NAdam), default False.
     nu_dtype: dtype of the second moment; ``None`` (default) uses the
       params' dtype (a shardopt addition; optax has no such argument).
+    state_bits: 8 or 4 to store both moments block-wise quantized
+      (``quantized_state`` with its defaults); ``None`` (default) keeps them
+      in float (a shardopt addition).
 
   Returns:
     A ``GradientTransformationExtraArgs``: ``scale_by_adam`` then
@@ -81,12 +94,12 @@ def adam(
     >>> [round(float(w), 3) for w in params["w"]]
     [0.702, -1.701]
   """
-  return combine.chain(
+  return _with_state_bits(combine.chain(
       adam_lib.scale_by_adam(
           b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype,
           nesterov=nesterov, nu_dtype=nu_dtype),
       scaling.scale_by_learning_rate(learning_rate),
-  )
+  ), state_bits)
 
 
 def adamw(
@@ -101,6 +114,7 @@ def adamw(
     *,
     nesterov: bool = False,
     nu_dtype: Any | None = None,
+    state_bits: int | None = None,
 ) -> _Extra:
   """AdamW: Adam with weight decay decoupled from the gradient's scaling.
 
@@ -123,6 +137,9 @@ def adamw(
     nesterov: whether to use Nesterov momentum (NAdamW), default False.
     nu_dtype: dtype of the second moment; ``None`` (default) uses the
       params' dtype (a shardopt addition; optax has no such argument).
+    state_bits: 8 or 4 to store both moments block-wise quantized
+      (``quantized_state`` with its defaults); ``None`` (default) keeps them
+      in float (a shardopt addition).
 
   Returns:
     A ``GradientTransformationExtraArgs``: ``scale_by_adam``,
@@ -146,10 +163,10 @@ def adamw(
     >>> [round(float(w), 3) for w in params["w"]]
     [0.675, -1.644]
   """
-  return combine.chain(
+  return _with_state_bits(combine.chain(
       adam_lib.scale_by_adam(
           b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype,
           nesterov=nesterov, nu_dtype=nu_dtype),
       weight_decay_lib.add_decayed_weights(weight_decay, mask),
       scaling.scale_by_learning_rate(learning_rate),
-  )
+  ), state_bits)

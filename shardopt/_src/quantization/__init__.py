@@ -1,0 +1,1 @@
+"""Block-wise quantization of optimizer state: code books and block layouts."""
