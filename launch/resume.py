@@ -5,8 +5,9 @@ current flags before anything is read (``run_config``); the newest intact step
 is restored (``CheckpointManager.restore_latest_valid``). Each newer, damaged
 step it passed over is named in a one-line warning and renamed to
 ``<step>.damaged`` (kept for inspection, out of the way of the new save of
-that step). Nothing else in the run folder changes here; the caller trims the
-metrics only after this succeeded.
+that step). Nothing else in the run folder changes here (but for ``--resume
+auto`` with no intact step: a fresh start, the damaged steps and the metrics
+set aside); the caller trims the metrics only after this succeeded.
 """
 
 import logging
@@ -38,17 +39,6 @@ def check_config(saved: dict, current: dict, where: str, say) -> None:
     say(f"resume: changed {'; '.join(allowed)}")
 
 
-class _Collect(logging.Handler):
-  """Keeps the checkpoints package's log records instead of printing them."""
-
-  def __init__(self, records: list):
-    super().__init__(logging.WARNING)
-    self.records = records
-
-  def emit(self, record):
-    self.records.append(record)
-
-
 def _shortened(reason: str, limit: int = 200) -> str:
   """The first line of ``reason`` without the checkpoints API hint (a CLI user
   cannot call it), at most ``limit`` characters."""
@@ -70,11 +60,11 @@ def _set_aside(directory, step: int, is_main: bool) -> str:
 
 
 def _restore_newest_valid(manager, target):
-  """``restore_latest_valid``, its log lines kept off the terminal (they
-  become our one-line warnings); None when no step is intact."""
+  """``restore_latest_valid``, its log lines kept off the terminal (``restore``
+  turns ``Restored.skipped`` into one-line warnings); None when no step is intact."""
   logger = logging.getLogger("checkpoints")
-  collect, propagate = _Collect([]), logger.propagate
-  logger.addHandler(collect)
+  silent, propagate = logging.NullHandler(), logger.propagate
+  logger.addHandler(silent)
   logger.propagate = False
   try:
     return manager.restore_latest_valid(target)
@@ -84,14 +74,14 @@ def _restore_newest_valid(manager, target):
     raise UsageError(f"--resume: the checkpoint does not fit this model and optimizer:"
                      f" {_first_line(e)}") from e
   finally:
-    logger.removeHandler(collect)
+    logger.removeHandler(silent)
     logger.propagate = propagate
 
 
 def _none_intact(manager, steps: list[int], auto: bool, say, is_main: bool, out) -> None:
   """No step reads back: an error, or with ``auto`` a fresh start: the damaged
   steps and the run's metrics are set aside (kept under other names)."""
-  where = f"{manager.directory}"
+  where = str(manager.directory)
   if not auto:
     raise UsageError(f"--resume: no checkpoint in {where} reads back (steps {steps} are all"
                      " damaged); restore one from a copy, or start another --out")
@@ -107,8 +97,9 @@ def restore(manager, target: dict, current_config: dict, steps_wanted: int, say=
 
   Raises UsageError when the flags differ from the saved run's, when no step
   reads back (with ``auto``: every step and the metrics in ``out`` are set
-  aside and None returned: start fresh), or when ``steps_wanted`` is below the restored step. When a step was
-  set aside (``Restored.skipped`` or None), reopen the manager before saving.
+  aside and None returned: start fresh), or when ``steps_wanted`` is below
+  the restored step. When a step was set aside (``Restored.skipped`` or
+  None), reopen the manager before saving.
   """
   steps = manager.all_steps()
   where = f"{manager.directory} (step {steps[-1]})"

@@ -154,25 +154,28 @@ def prepare(args: argparse.Namespace, is_main: bool = True) -> tuple[bool, str |
   arguments: ``--resume`` with no checkpoint, a fresh start into a folder that
   holds a run, a folder that is not writable.
   """
-  if args.out is None:
+  if args.out is None and args.checkpoint_dir is None:
     resume, note = _resolve_default_out(args)
-    if args.checkpoint_dir is None:
-      args.checkpoint_dir = os.path.join(args.out, "checkpoints")
+    args.checkpoint_dir = os.path.join(args.out, "checkpoints")
     return resume, note
   if args.checkpoint_dir is None:
     args.checkpoint_dir = os.path.join(args.out, "checkpoints")
   steps, note = finalized_steps(args.checkpoint_dir), None
+  holder = args.checkpoint_dir if args.out is None else args.out  # named in messages
   if args.resume == "required" and not steps:
-    raise UsageError(f"--resume: nothing to resume: {describe(args.out, args.checkpoint_dir)}."
+    raise UsageError(f"--resume: nothing to resume: {describe(holder, args.checkpoint_dir)}."
                      " Start without --resume, or use --resume auto to start fresh when"
                      " there is no checkpoint")
-  if not args.resume and (steps or metrics_records(args.out)):
-    contents = _contents(pathlib.Path(args.out), args.checkpoint_dir)
-    raise UsageError(f"--out {args.out} already holds a run ({contents}):"
-                     " pass --resume to continue it, or choose another --out or"
-                     " --checkpoint-dir to start afresh")
-  _check_writable("--out", args.out)
+  if not args.resume and (steps or (args.out and metrics_records(args.out))):
+    contents = _contents(pathlib.Path(holder), args.checkpoint_dir)
+    raise UsageError(f"{'--out' if args.out else '--checkpoint-dir'} {holder} already holds a"
+                     f" run ({contents}): pass --resume to continue it, or choose another"
+                     " --out or --checkpoint-dir to start afresh")
+  if args.out is not None:
+    _check_writable("--out", args.out)
   _check_writable("--checkpoint-dir", args.checkpoint_dir)
+  if args.out is None:
+    args.out = str(claim_new(new_name()))
   if args.resume == "auto" and not steps:
     note = _fresh_into_existing(args, is_main)
   try:

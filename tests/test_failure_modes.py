@@ -24,6 +24,7 @@ import time
 import numpy as np
 import pytest
 
+from launch import cli
 from launch import report
 from launch import run_folder
 from tests import launch_helpers as h
@@ -255,6 +256,19 @@ def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path, monkeyp
   second = run_folder.claim_new(run_folder.new_name(now=when))
   assert first != second and first.is_dir() and second.is_dir()
   assert second.name == first.name + "-2"
+
+
+def test_shared_checkpoint_dir_without_out(tmp_path, monkeypatch):
+  """--checkpoint-dir alone (as the SLURM script's shared one): it decides."""
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "shared" / "7").mkdir(parents=True)
+  resumed = cli.parse_args(["--resume", "--checkpoint-dir", "shared"])
+  assert run_folder.prepare(resumed) == (True, None) and resumed.out.startswith("runs/lm-")
+  with pytest.raises(cli.UsageError, match="--checkpoint-dir shared already holds a run"):
+    run_folder.prepare(cli.parse_args(["--checkpoint-dir", "shared"]))
+  with pytest.raises(cli.UsageError, match="nothing to resume: empty"):
+    run_folder.prepare(cli.parse_args(["--resume", "--checkpoint-dir", "empty"]))
+  assert len(list((tmp_path / "runs").iterdir())) == 1  # only the resumed run's folder
 
 
 def test_cluster_scripts_resume_auto():
