@@ -33,28 +33,29 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import argparse  # noqa: E402
-import pathlib  # noqa: E402
-import statistics  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
+import argparse
+import pathlib
+import statistics
+import sys
+import time
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-from jax.sharding import AxisType, NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+import jax
+import jax.numpy as jnp
+from jax.sharding import AxisType
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-import shardopt  # noqa: E402
-from partitioning.collectives import collectives  # noqa: E402
-from partitioning.collectives import summarize_collectives  # noqa: E402
-from shardopt._src import numerics  # noqa: E402
-from shardopt._src import tree_math  # noqa: E402
-from shardopt._src.transforms.adam import debiased_first_moment  # noqa: E402
-from shardopt.contrib._newton_schulz import (  # noqa: E402
-    orthogonalize_via_newton_schulz)
+from partitioning.collectives import collectives
+from partitioning.collectives import summarize_collectives
+import shardopt
+from shardopt._src import numerics
+from shardopt._src import tree_math
+from shardopt._src.transforms.adam import debiased_first_moment
+from shardopt.contrib._newton_schulz import orthogonalize_via_newton_schulz
 
 RESULTS = pathlib.Path(__file__).parent / "results" / "muon_communication.md"
 MATRICES = (  # name, shape, spec: FSDP ('data') x TP ('model')
+    ("very wide (128, 2048)", (128, 2048), P("data", "model")),
     ("wide (256, 1024)", (256, 1024), P("data", "model")),
     ("wide (256, 512)", (256, 512), P("data", "model")),
     ("square (512, 512)", (512, 512), P("data", "model")),
@@ -204,6 +205,18 @@ divides by gather-first's; MFLOP/device from `compiled.cost_analysis()`;
 ms is the median of {args.steps} steps per program in {args.rounds} rotating
 rounds (machine load {load:.1f} on 2 shared cores: noisy). XLA:CPU emits
 all-reduce + dynamic-slice where GPUs emit reduce-scatter.
+
+How to read it. For an (m, n) matrix, m <= n, rows over 'data' (2) and
+columns over 'model' (4), *explicit* sends 4 bytes x (m n / 8 + 7.5 m^2),
+plus 6 bytes for the norm (tests/test_contrib_muon.py checks this formula
+against the compiled HLO), and *gather-first* 4 bytes x 7/8 m n: the
+sharded orthogonalisation moves fewer bytes than gathering the matrix only
+when n >= 10 m, and pays for keeping the columns sharded with one Gram
+all-reduce per iteration otherwise. *auto* (XLA's choice) sends the most but
+splits every matmul over all 8 devices (1/8 of the FLOPs); *explicit*
+repeats the (m, m) products on every device. On these simulated CPU devices
+time follows FLOPs, not bytes; on a real interconnect weigh *sent* against
+*MFLOP/device*.
 
 | matrix | spec | program | collectives | result (x matrix) | sent (x matrix) | sent vs gather | MFLOP/device | FLOP vs gather | ms |
 |---|---|---|---|---|---|---|---|---|---|

@@ -10,15 +10,15 @@ benchmarks/muon_communication.py.
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-import optax
-import pytest
 from jax.sharding import AxisType
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+import numpy as np
+import optax
+import pytest
 
-import shardopt
 from benchmarks import muon_communication
+import shardopt
 from tests import oracle
 
 _VARIANTS = [
@@ -103,8 +103,12 @@ def _host_params():
 
 def _steps(tx, params, state, steps=3):
   """``steps`` jitted steps on the objective sum(p^2 / 2)."""
-  step = jax.jit(lambda p, s: (lambda u, s: (shardopt.apply_updates(p, u), s))(
-      *tx.update(p, s, p)))
+
+  @jax.jit
+  def step(p, s):
+    updates, s = tx.update(p, s, p)  # the gradient of sum(p^2 / 2) is p
+    return shardopt.apply_updates(p, updates), s
+
   for _ in range(steps):
     params, state = step(params, state)
   return params, state
@@ -134,6 +138,18 @@ def test_sharded_muon_equals_unsharded(kind):
   _assert_close_to_leaf_scale(got, want)
   for name, leaf in got[0].items():
     assert leaf.sharding.is_equivalent_to(shardings[name], leaf.ndim)
+
+
+def test_optax_muon_fails_on_explicit_axes_where_ours_runs():
+  """The README's claim: optax's Gram matmul over a sharded contraction is
+  ambiguous on Explicit axes (jax.make_mesh's default)."""
+  mesh = _mesh(AxisType.Explicit)
+  params = {"w": jax.device_put(jnp.ones((16, 32)),
+                                NamedSharding(mesh, P("data", "model")))}
+  tx = optax.contrib.muon(0.1)
+  with pytest.raises(Exception) as raised:
+    jax.jit(tx.update)(params, tx.init(params), params)
+  assert type(raised.value).__name__ == "ShardingTypeError"
 
 
 def test_momentum_follows_param_sharding_and_vectors_fall_back_to_adam():

@@ -6,14 +6,14 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 import numpy as np
 import optax
 import pytest
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
-import shardopt
 from partitioning.collectives import collectives
+import shardopt
 from tests import oracle
 
 _BATCH = 8
@@ -96,8 +96,7 @@ def test_bad_input_is_named():
   with pytest.raises(ValueError, match="batch"):
     tx.update({"w": jnp.ones((8, 3)), "b": jnp.ones((4,))},
               tx.init(_params()))
-  with pytest.raises(ValueError, match="not both"):
-    with warnings.catch_warnings():
-      warnings.simplefilter("ignore", DeprecationWarning)
-      shardopt.contrib.differentially_private_aggregate(1.0, 0.5, key=0,
-                                                        seed=1)
+  with pytest.raises(ValueError, match="not both"), warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    shardopt.contrib.differentially_private_aggregate(1.0, 0.5, key=0,
+                                                      seed=1)

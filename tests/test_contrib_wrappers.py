@@ -4,12 +4,12 @@ real pairs, GaLore's projections (vs optax, numpy's SVD and the mesh)."""
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-import optax
-import pytest
 from jax.sharding import AxisType
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+import numpy as np
+import optax
+import pytest
 
 import shardopt
 from tests import oracle

@@ -7,11 +7,11 @@ optimizer's state is built on are derived from reductions of the param
 the param dimension it spans, and the base state keeps the other one.
 """
 
+from collections.abc import Callable
+from collections.abc import Sequence
 import math
 from typing import Any
-from typing import Callable
 from typing import NamedTuple
-from typing import Sequence
 
 import jax
 import jax.numpy as jnp

@@ -5,9 +5,9 @@ remaining batch axes (``y = x W`` has reduction axis 0, output axis 1). Muon
 and GaLore name them with dimension numbers of this form.
 """
 
+from collections.abc import Callable
+from collections.abc import Sequence
 import math
-from typing import Callable
-from typing import Sequence
 
 __all__ = ["as_matrix_stack", "fan_in_and_out", "split_axes"]
 

@@ -6,8 +6,8 @@ are derived like Adam's; the orthogonalisation (``_newton_schulz``) is plain
 matmuls that XLA partitions over the matrix's shards.
 """
 
+from collections.abc import Callable
 from typing import Any
-from typing import Callable
 from typing import NamedTuple
 
 import jax

@@ -15,8 +15,9 @@ Parameters of rank > 2 are reshaped to a stack of matrices by
 output) and orthogonalised matrix by matrix.
 """
 
+from collections.abc import Sequence
+import functools
 from typing import NamedTuple
-from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -26,9 +27,9 @@ from jax.sharding import PartitionSpec as P
 from shardopt.contrib._matrix_axes import as_matrix_stack
 
 __all__ = [
-    "MuonDimensionNumbers",
-    "PRECONDITIONINGS",
-    "orthogonalize_via_newton_schulz",
+  "PRECONDITIONINGS",
+  "MuonDimensionNumbers",
+  "orthogonalize_via_newton_schulz",
 ]
 
 PRECONDITIONINGS = ("frobenius", "spectral", "aol", "schatten")
@@ -109,6 +110,22 @@ def _precondition(x, preconditioning, eps, mesh):
   return x
 
 
+# Always compiled (inlined under jit): run op by op, the iterations round
+# differently from a compiled loop (optax's, eager or not).
+@functools.partial(jax.jit, inline=True,
+                   static_argnames=("ns_steps", "preconditioning", "mesh"))
+def _iterate(x, coeffs, eps, *, ns_steps, preconditioning, mesh):
+  """The Newton-Schulz iterations, one per coefficient row (or ``ns_steps``
+  of (3,) coefficients)."""
+  gram_fn = _gram_fn(mesh)
+  per_step = ([coeffs] * ns_steps if coeffs.ndim == 1
+              else [coeffs[i] for i in range(coeffs.shape[0])])
+  x = _FIRST_STEPS[preconditioning](x, per_step[0], eps, gram_fn)
+  for step_coeffs in per_step[1:]:
+    x = _quintic_step(x, step_coeffs, gram_fn(x))
+  return x
+
+
 def _orthogonalize_matrix(x, coeffs, ns_steps, preconditioning, eps):
   """One (m, n) matrix, the Gram matrix over its smaller side.
 
@@ -123,14 +140,9 @@ def _orthogonalize_matrix(x, coeffs, ns_steps, preconditioning, eps):
   mesh = None if layout is None else layout.mesh
   if layout is not None:
     x = jax.sharding.reshard(x, NamedSharding(mesh, P(None, layout.spec[1])))
-  gram_fn = _gram_fn(mesh)
   x = _precondition(x, preconditioning, eps, mesh)
-  coeffs = coeffs.astype(x.dtype)
-  per_step = ([coeffs] * int(ns_steps) if coeffs.ndim == 1
-              else [coeffs[i] for i in range(coeffs.shape[0])])
-  x = _FIRST_STEPS[preconditioning](x, per_step[0], eps, gram_fn)
-  for step_coeffs in per_step[1:]:
-    x = _quintic_step(x, step_coeffs, gram_fn(x))
+  x = _iterate(x, coeffs.astype(x.dtype), eps, ns_steps=int(ns_steps),
+               preconditioning=preconditioning, mesh=mesh)
   if layout is not None:
     x = jax.sharding.reshard(x, layout)
   return x.T if tall else x

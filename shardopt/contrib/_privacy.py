@@ -15,8 +15,7 @@ from shardopt._src import base
 from shardopt._src.transforms import scaling
 from shardopt._src.transforms.momentum import trace as _trace
 from shardopt._src.transforms.noise import _as_key
-from shardopt._src.transforms.per_example_clipping import (
-    per_example_global_norm_clip)
+from shardopt._src.transforms.per_example_clipping import per_example_global_norm_clip
 from shardopt._src.wrappers import combine
 
 __all__ = [

@@ -5,7 +5,6 @@ Same names, signatures, defaults, state and numbers as ``optax.contrib``'s
 params (as the outer optimizer's params), so it is sharded like them.
 """
 
-from typing import Callable
 from typing import NamedTuple
 
 import jax

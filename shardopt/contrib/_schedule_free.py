@@ -14,11 +14,11 @@ import jax.numpy as jnp
 from shardopt._src import base
 from shardopt._src import numerics
 from shardopt._src import tree_math
-from shardopt._src.tree_dtypes_random import tree_dtype
 from shardopt._src.aliases import gradient_descent
 from shardopt._src.transforms import rms
 from shardopt._src.transforms import scaling
 from shardopt._src.transforms import weight_decay as weight_decay_lib
+from shardopt._src.tree_dtypes_random import tree_dtype
 from shardopt._src.wrappers import combine
 from shardopt.schedules import warmup_constant_schedule
 

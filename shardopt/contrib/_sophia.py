@@ -15,11 +15,11 @@ import jax.numpy as jnp
 from shardopt._src import base
 from shardopt._src import numerics
 from shardopt._src import tree_math
-from shardopt._src.tree_dtypes_random import tree_dtype
-from shardopt._src.tree_dtypes_random import tree_random_like
 from shardopt._src.transforms import scaling
 from shardopt._src.transforms import weight_decay as weight_decay_lib
 from shardopt._src.transforms.momentum import canonical_dtype
+from shardopt._src.tree_dtypes_random import tree_dtype
+from shardopt._src.tree_dtypes_random import tree_random_like
 from shardopt._src.wrappers import combine
 
 __all__ = [
@@ -82,6 +82,10 @@ def hutchinson_estimator_diag_hessian(random_seed: jax.Array | None = None):
     return jax.tree.map(lambda h, r: h * r, hvp, signs), HutchinsonState(key)
 
   return base.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+# sophia's default estimator: one instance, as optax's default argument is.
+_HUTCHINSON = hutchinson_estimator_diag_hessian()
 
 
 class SophiaState(NamedTuple):
@@ -158,8 +162,7 @@ def sophia(
     gamma: jax.typing.ArrayLike = 0.01,
     clip_threshold: jax.typing.ArrayLike | None = 1.0,
     update_interval: jax.typing.ArrayLike = 10,
-    hessian_diagonal_fn: base.GradientTransformation = (
-        hutchinson_estimator_diag_hessian()),
+    hessian_diagonal_fn: base.GradientTransformation = _HUTCHINSON,
     mu_dtype: Any | None = None,
     verbose: bool = False,
     print_win_rate_every_n_steps: jax.typing.ArrayLike = 0,
