@@ -3,11 +3,14 @@ sets XLA_FLAGS first).
 
 One run: join the other processes (if any), build the mesh, shard the model's
 params by a partition-rule preset and the optimizer state by shardopt's derived
-shardings (ZeRO over the data axis on request), restore the latest checkpoint
-on --resume, then train with deterministic batches, checkpointing every
---checkpoint-every steps. SIGTERM/SIGINT stop it cleanly: every process agrees
-on the step to stop at, the checkpoint in flight is finished, the current
-state is saved and the job exits 0.
+shardings (ZeRO over the data axis on request), all checked before the run
+folder is settled and created (launch/validation.py, launch/run_folder.py);
+restore the newest intact checkpoint on --resume after comparing the saved
+flags (launch/resume.py), then train with deterministic batches,
+checkpointing every --checkpoint-every steps (never a non-finite state).
+SIGTERM/SIGINT stop it cleanly: every process agrees on the step to stop at,
+the checkpoint in flight is finished, the current state is saved and the job
+exits 0.
 """
 
 import argparse
