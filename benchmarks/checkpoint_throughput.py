@@ -1,13 +1,17 @@
-"""Save/restore throughput of ~1 GiB of sharded state vs a plain sequential write/read.
+"""Save/restore time of checkpoints.CheckpointManager (with checksums) vs plain Orbax, side by side.
 
-8 simulated CPU devices, a (2,4) mesh, 8 float32 arrays of 8192x4096 (1 GiB).
-Measures: checkpoints.CheckpointManager sync save, async save (time the step
-loop is blocked in ``save`` and the time until the write is final), restore onto
-the same shardings; against numpy ``tofile`` + fsync and ``fromfile`` of the same
-bytes; and the step time of a donated jitted update while an async save is
-being written. Writes benchmarks/results/checkpoint_throughput.md.
+8 simulated CPU devices, a (2,4) mesh, 8 float32 arrays of 4096x4096 (512 MiB,
+random normal values, sharded P('a','b')). Saves, then restores, are
+repeated in alternating order for plain Orbax (``ocp.CheckpointManager`` with
+``args.StandardSave`` / ``args.StandardRestore``) and ``checkpoints.CheckpointManager``
+on the same state: a save until final (``save`` + ``wait_until_finished``, both
+async; ``os.sync()`` before each), the part of it that blocks the caller, and a restore onto the same
+shardings (until the arrays are ready). Also times the checksums alone
+(``integrity.checksums`` of the state). Reports medians over the repetitions
+after one warm-up, and the ratio manager / plain Orbax. Writes
+benchmarks/results/checkpoint_throughput.md.
 
-Run: python benchmarks/checkpoint_throughput.py
+Run: python benchmarks/checkpoint_throughput.py [--reps N] [--restore-reps M]
 """
 
 import os
@@ -17,120 +21,160 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import pathlib  # noqa: E402
-import shutil  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
+import argparse
+import pathlib
+import shutil
+import tempfile
+import time
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+import jax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+import numpy as np
+import orbax.checkpoint as ocp
 
-import checkpoints as ck  # noqa: E402
+import checkpoints as ck
+from checkpoints import integrity
+from checkpoints import layout
 
-N_ARRAYS, SHAPE = 8, (8192, 4096)  # even sizes (odd lengths are slow on XLA:CPU)
+N_ARRAYS, SHAPE = 8, (4096, 4096)  # even sizes (odd lengths are slow on XLA:CPU)
 OUT = pathlib.Path(__file__).resolve().parent / "results" / "checkpoint_throughput.md"
+ROWS = ("save until final", "save, blocking part", "restore")
 
 
 def _state(mesh):
-  spec = NamedSharding(mesh, P("a", "b"))
-  make = jax.jit(lambda i: jnp.full(SHAPE, i, jnp.float32) + jnp.arange(SHAPE[1], dtype=jnp.float32),
-                 out_shardings=spec)
-  return {f"w{i}": make(jnp.float32(i)) for i in range(N_ARRAYS)}
+  make = jax.jit(lambda key: jax.random.normal(key, SHAPE, np.float32), out_shardings=NamedSharding(mesh, P("a", "b")))
+  return jax.block_until_ready({f"w{i}": make(jax.random.key(i)) for i in range(N_ARRAYS)})
+
+
+def _clocks():
+  return np.array([time.perf_counter(), time.process_time()])
 
 
 def _timed(fn):
-  t = time.perf_counter()
-  out = fn()
-  return time.perf_counter() - t, out
+  """(wall seconds, CPU seconds of all this process's threads) of ``fn()``."""
+  start = _clocks()
+  fn()
+  return tuple(_clocks() - start)
 
 
-def _plain_io(host, directory):
-  path = directory / "plain.bin"
-
-  def write():
-    with open(path, "wb") as f:
-      for a in host.values():
-        a.tofile(f)
-      f.flush()
-      os.fsync(f.fileno())
-
-  def read():
-    with open(path, "rb") as f:
-      return [np.fromfile(f, np.float32, count=a.size) for a in host.values()]
-
-  tw, _ = _timed(write)
-  tr, _ = _timed(read)
-  path.unlink()
-  return tw, tr
+def _save_times(save, wait):
+  os.sync()  # each save starts with no dirty pages left by the one before (writeback is charged to the writer)
+  start = _clocks()
+  save()
+  blocked = _clocks() - start
+  wait()
+  return tuple(_clocks() - start), tuple(blocked)
 
 
-def _step_times(state, step, n):
-  times = []
-  for _ in range(n):
-    t, state = _timed(lambda s=state: jax.block_until_ready(step(s)))
-    times.append(t)
-  return state, times
+class _Plain:
+  """Plain Orbax: one StandardSave item per step, the newest kept."""
+
+  def __init__(self, directory):
+    self.mngr = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(max_to_keep=1))
+
+  def save(self, step, state):
+    return _save_times(lambda: self.mngr.save(step, args=ocp.args.StandardSave(state)), self.mngr.wait_until_finished)
+
+  def restore(self, step, target):
+    return _timed(lambda: jax.block_until_ready(self.mngr.restore(step, args=ocp.args.StandardRestore(target))))
+
+
+class _Ours:
+  """checkpoints.CheckpointManager (checksums written and verified), the newest kept."""
+
+  def __init__(self, directory):
+    self.mngr = ck.CheckpointManager(directory, ck.CheckpointPolicy(keep_last=1))
+
+  def save(self, step, state):
+    return _save_times(lambda: self.mngr.save(step, state), self.mngr.wait_until_finished)
+
+  def restore(self, step, target):
+    return _timed(lambda: jax.block_until_ready(self.mngr.restore(target, step).state))
+
+
+def _interleaved(reps, run):
+  """``run(name)`` for both managers, ``reps`` + 1 times in alternating order (the first is a warm-up).
+
+  Returns {name: [result per repetition]} without the warm-up.
+  """
+  out = {"plain": [], "ours": []}
+  for rep in range(reps + 1):
+    for name in ("plain", "ours") if rep % 2 else ("ours", "plain"):
+      result = run(rep, name)
+      if rep:
+        out[name].append(result)
+    if rep:
+      print(f"rep {rep}: " + ", ".join(f"{n} {np.round(v[-1], 3).tolist()}" for n, v in out.items()), flush=True)
+  return out
+
+
+def _table(times, gib, clock):
+  """Rows of medians for one clock (0: wall, 1: CPU)."""
+  lines = ["| operation | plain Orbax s | checkpoints s | ratio of medians | median of per-rep ratios | per-rep ratios |",
+           "|---|---:|---:|---:|---:|---|"]
+  for row in ROWS:
+    plain = np.array([t[clock] for t in times[(row, "plain")]])
+    ours = np.array([t[clock] for t in times[(row, "ours")]])
+    reps = " ".join(f"{r:.2f}" for r in ours / plain)
+    lines.append(f"| {row} | {np.median(plain):.3f} | {np.median(ours):.3f} | "
+                 f"{np.median(ours) / np.median(plain):.3f} | {np.median(ours / plain):.3f} | {reps} |")
+  return lines
 
 
 def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--reps", type=int, default=15, help="repetitions of the saves (~3 s each)")
+  parser.add_argument("--restore-reps", type=int, default=25, help="repetitions of the restores (~1 s each)")
+  args = parser.parse_args()
+  reps, restore_reps = args.reps, args.restore_reps
   mesh = jax.make_mesh((2, 4), ("a", "b"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
   state = _state(mesh)
-  nbytes = sum(a.nbytes for a in state.values())
-  gib = nbytes / 2**30
+  target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), state)
+  gib = sum(a.nbytes for a in state.values()) / 2**30
+  load = os.getloadavg()[0]
   work = pathlib.Path(tempfile.mkdtemp(prefix="ckpt_bench_"))
-  rows = []
+  times = {}
   try:
-    host = {k: np.asarray(v) for k, v in state.items()}
-    tw, tr = _plain_io(host, work)
-    del host
-    rows += [("numpy tofile + fsync (sequential write)", tw), ("numpy fromfile (sequential read)", tr)]
-
-    with ck.CheckpointManager(work / "sync", ck.CheckpointPolicy(async_save=False)) as mngr:
-      mngr.save(0, state)  # warm-up (first save pays set-up costs)
-      ts, _ = _timed(lambda: mngr.save(1, state))
-      target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), state)
-      trs, restored = _timed(lambda: jax.block_until_ready(mngr.restore(target, 1).state))
-    assert all(np.array_equal(np.asarray(restored[k]), np.asarray(state[k])) for k in state)
-    del restored
-    rows += [("checkpoints save, sync", ts), ("checkpoints restore (same shardings)", trs)]
-
-    step = jax.jit(lambda s: jax.tree.map(lambda x: x * 1.0001 + 1.0, s), donate_argnums=0)
-    state, base = _step_times(state, step, 6)
-    with ck.CheckpointManager(work / "async") as mngr:
-      mngr.save(0, state)
-      mngr.wait_until_finished()
-      t0 = time.perf_counter()
-      blocked, _ = _timed(lambda: mngr.save(1, state))
-      state, during = _step_times(state, step, 3)
-      mngr.wait_until_finished()
-      total = time.perf_counter() - t0
-    rows += [("checkpoints save, async: blocking part", blocked),
-             ("checkpoints save, async: until final (3 steps run meanwhile)", total)]
+    pair = {"plain": _Plain(work / "plain"), "ours": _Ours(work / "ours")}
+    saves = _interleaved(reps, lambda rep, name: pair[name].save(rep, state))
+    restores = _interleaved(restore_reps, lambda rep, name: pair[name].restore(reps, target))
+    checksum_s = _interleaved(reps, lambda rep, name: _timed(lambda: integrity.checksums(layout.to_saveable(state))))
+    checksum_s = checksum_s["plain"] + checksum_s["ours"]
+    for name, manager in pair.items():
+      times[("save until final", name)] = [final for final, _ in saves[name]]
+      times[("save, blocking part", name)] = [blocked for _, blocked in saves[name]]
+      times[("restore", name)] = restores[name]
+      manager.mngr.close()
   finally:
     shutil.rmtree(work, ignore_errors=True)
 
   lines = [
-      "# Checkpoint throughput (benchmarks/checkpoint_throughput.py)",
+      "# Checkpoint save/restore: checkpoints.CheckpointManager vs plain Orbax",
       "",
-      f"Command: `python benchmarks/checkpoint_throughput.py`. State: {N_ARRAYS} float32 arrays {SHAPE}, "
-      f"{gib:.2f} GiB, sharded P('a','b') on a (2,4) mesh of 8 simulated CPU devices; local disk; one run.",
+      (f"Command: `python benchmarks/checkpoint_throughput.py --reps {reps} --restore-reps {restore_reps}`. State: {N_ARRAYS} float32 arrays "
+       f"{SHAPE} of random normal values, {gib:.2f} GiB, sharded P('a','b') on a (2,4) mesh of 8 simulated CPU "
+       f"devices; local disk (page cache). {reps} interleaved repetitions of the saves, then {restore_reps} of the "
+       f"restores (of the last step saved), each after one warm-up, alternating which manager goes first; medians. Load average when it started: {load:.1f} on {os.cpu_count()} cores."),
       "",
-      "| operation | seconds | GiB/s |",
-      "|---|---:|---:|",
-  ]
-  lines += [f"| {name} | {t:.3f} | {gib / t:.2f} |" for name, t in rows]
-  lines += [
+      "Wall-clock seconds:",
       "",
-      f"Step loop (donated jitted update of the whole state): median step {np.median(base[1:]) * 1e3:.0f} ms "
-      f"without a save; {np.median(during) * 1e3:.0f} ms per step while the async save was being written "
-      f"(the loop was blocked {blocked * 1e3:.0f} ms inside `save`).",
+      *_table(times, gib, 0),
       "",
-      "Notes: the plain write calls fsync, orbax/tensorstore does not (its save ends in the page cache), so the",
-      "write rows are not like for like; the disk and the 2 CPU cores are shared with other jobs, so figures vary",
-      "run to run by a factor of ~2. The async save returns after copying the arrays off the devices; the update",
-      "donates the state right after `save` returns (tests/test_checkpoint_safety.py checks the saved values).",
+      ("CPU seconds of the process (all its threads, Orbax's and TensorStore's included; less disturbed by "
+       "other jobs on the machine than wall time):"),
+      "",
+      *_table(times, gib, 1),
+      "",
+      (f"Checksums alone (every leaf's shards, as `save` computes them before writing and `restore` after "
+       f"reading): median {np.median([t[0] for t in checksum_s]) * 1e3:.0f} ms wall, "
+       f"{np.median([t[1] for t in checksum_s]) * 1e3:.0f} ms CPU for {gib:.2f} GiB."),
+      "",
+      ("Plain Orbax: `ocp.CheckpointManager` with `args.StandardSave` / `args.StandardRestore`, async, newest "
+       "step kept. checkpoints: `CheckpointManager(policy=CheckpointPolicy(keep_last=1))`, async, which also "
+       "writes the layout/checksum record and the metadata item and checks every leaf's checksum on restore. "
+       "The CPU cores and the disk are shared with other jobs: single repetitions vary by tens of percent, "
+       "which is why the two are interleaved and the per-repetition ratios are listed."),
       "",
   ]
   OUT.write_text("\n".join(lines))

@@ -13,8 +13,16 @@ propagates, so nothing silently rolls back to an older step.
 from collections.abc import Iterator
 import json
 import re
+from typing import NoReturn
 
-__all__ = ["is_corruption", "leaf_of", "permission_denied", "summary"]
+import jax
+import numpy as np
+
+from checkpoints.errors import CorruptCheckpointError
+
+__all__ = ["agree_across_processes", "is_corruption", "leaf_of", "permission_denied", "raise_for", "summary"]
+
+_FALL_BACK = "restore_latest_valid() falls back to the newest intact step."
 
 _CORRUPTION_STATUSES = ("DATA_LOSS", "NOT_FOUND", "OUT_OF_RANGE", "FAILED_PRECONDITION")
 _MISSING_ITEM = "was not found in the checkpoint"  # Orbax: an item folder of the step is gone
@@ -70,3 +78,36 @@ def leaf_of(exc: BaseException) -> str | None:
     if match:
       return match.group(1)
   return None
+
+
+def raise_for(e: Exception, step: int, directory, what: str) -> NoReturn:
+  """Raises for a failed read of ``what`` (e.g. "an array file"): CorruptCheckpointError only for
+  damaged storage, a PermissionError naming the step for a permission failure, else ``e`` itself."""
+  if permission_denied(e):
+    raise PermissionError(f"Checkpoint step {step} in {directory}: permission denied reading {what} "
+                          f"({summary(e)}). Fix the files' permissions; the step was not skipped.") from e
+  if not is_corruption(e):
+    raise e
+  leaf = leaf_of(e)
+  raise CorruptCheckpointError(
+      f"Checkpoint step {step} in {directory} is damaged: {what}" + (f" (leaf {leaf!r})" if leaf else "")
+      + f" could not be read ({summary(e)}). {_FALL_BACK}", step=step, leaves=(leaf,) if leaf else ()) from e
+
+
+def agree_across_processes(failure: Exception | None, step: int, directory) -> None:
+  """With several processes each reads its own shards: a process whose read succeeded raises too
+  when another's failed, so that all go on, or fall back, together (a collective)."""
+  if jax.process_count() == 1:
+    return
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  kind = 0 if failure is None else 1 if is_corruption(failure) else 2
+  kinds = np.asarray(multihost_utils.process_allgather(np.int32(kind))).reshape(-1)
+  if failure is not None or not kinds.any():
+    return
+  bad = [int(i) for i in np.flatnonzero(kinds)]
+  if kinds.max() == 1:
+    raise CorruptCheckpointError(
+        f"Checkpoint step {step} in {directory} is damaged: process(es) {bad} could not read their shards "
+        f"(see their errors). {_FALL_BACK}", step=step)
+  raise RuntimeError(f"Process(es) {bad} failed to read checkpoint step {step} in {directory} for a reason "
+                     "other than damage (see their errors); the step was not skipped.")

@@ -14,7 +14,6 @@ import json
 import logging
 from typing import Any
 from typing import NamedTuple
-from typing import NoReturn
 
 import jax
 import orbax.checkpoint as ocp
@@ -162,28 +161,13 @@ class CheckpointManager:
       raise NoCheckpointError(f"No finalized checkpoint for step {step} in {self.directory}; steps there: {steps}.")
     return step
 
-  def _raise_failed(self, step: int, e: Exception, what: str) -> NoReturn:
-    """Raises for a failed read: CorruptCheckpointError only for damaged storage, PermissionError
-    naming the step for a permission failure, else ``e`` itself."""
-    if failures.permission_denied(e):
-      raise PermissionError(f"Checkpoint step {step} in {self.directory}: permission denied reading {what} "
-                            f"({failures.summary(e)}). Fix the files' permissions; the step was not skipped.") from e
-    if not failures.is_corruption(e):
-      raise e
-    leaf = failures.leaf_of(e)
-    raise CorruptCheckpointError(
-        f"Checkpoint step {step} in {self.directory} is damaged: {what}"
-        + (f" (leaf {leaf!r})" if leaf else "") + f" could not be read ({failures.summary(e)}). "
-        "restore_latest_valid() falls back to the newest intact step.",
-        step=step, leaves=(leaf,) if leaf else ()) from e
-
   def _record(self, step: int) -> tuple[record.Record, dict]:
     """The step's parsed record and user metadata (one orbax read of both JSON items)."""
     try:
       items = self._mngr.restore(step, args=ocp.args.Composite(
           layout=ocp.args.JsonRestore(), metadata=ocp.args.JsonRestore()))
-    except Exception as e:  # noqa: BLE001  (classified by _raise_failed)
-      self._raise_failed(step, e, "its layout or metadata file")
+    except Exception as e:  # noqa: BLE001  (classified by failures.raise_for)
+      failures.raise_for(e, step, self.directory, "its layout or metadata file")
     try:
       return record.parse(items["layout"], items["metadata"]), items["metadata"]
     except (ValueError, KeyError, TypeError) as e:
@@ -203,12 +187,16 @@ class CheckpointManager:
     """The arrays of ``pairs`` read from ``step``, each checked against its saved checksum."""
     item, restore_args = layout.read_args(pairs)
     args = ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=partial)
+    failure = None
     try:
       values = self._mngr.restore(step, args=ocp.args.Composite(state=args))["state"]
     except CheckpointError:
       raise
-    except Exception as e:  # noqa: BLE001  (classified by _raise_failed)
-      self._raise_failed(step, e, "an array file")
+    except Exception as e:  # noqa: BLE001  (classified by failures.raise_for)
+      failure = e
+    failures.agree_across_processes(failure, step, self.directory)
+    if failure is not None:
+      failures.raise_for(failure, step, self.directory, "an array file")
     if saved.checksums is None:
       _log.warning("Checkpoint step %d in %s was written without checksums: its bytes are not verified.",
                    step, self.directory)
