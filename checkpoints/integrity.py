@@ -103,10 +103,13 @@ def _offsets(index: tuple, shape: tuple, words: int) -> list[int]:
 
 def _blocks(leaf: Any, force_device: bool) -> list[tuple[Any, list[int], bool]]:
   """``(block, global offsets, on_device)`` of the parts of a leaf this process adds up:
-  one replica of each of its shards; a host value on process 0 only (it alone writes it)."""
+  one replica of each of its shards; a host value, or with several processes an array on this
+  process's devices only (the same on every process), on process 0 only (it alone writes it)."""
   shape = tuple(np.shape(leaf))
   if not isinstance(leaf, jax.Array):
     return [(np.asarray(leaf), [0] * max(len(shape), 1), False)] if jax.process_index() == 0 else []
+  if jax.process_count() > 1 and leaf.is_fully_addressable and jax.process_index() != 0:
+    return []
   words = _words_per_item(leaf.dtype)
   return [(shard.data, _offsets(shard.index, shape, words), force_device or shard.device.platform != "cpu")
           for shard in leaf.addressable_shards if shard.replica_id == 0]

@@ -8,7 +8,8 @@ written, not yet committed) so the kill lands at the last possible moment.
 
 Two processes: ``python tests/checkpoint_worker.py DIR multihost PORT PID ROLE``
 (4 devices each, 127.0.0.1). ROLE ``both`` saves on (2,4) and restores on (4,2);
-ROLE ``absent`` has process 1 skip the save, so process 0 must time out.
+ROLE ``absent`` has process 1 skip the save, so process 0 must time out; ROLE ``damaged``
+also saves step 2, damages one of process 1's data files, and restores the latest valid step.
 """
 
 import os
@@ -61,6 +62,25 @@ def main(directory: str, mode: str) -> None:
   time.sleep(600)
 
 
+def _damaged_newest_falls_back(mngr, mesh, pid: int) -> None:
+  """Saves step 2, flips 64 bytes in the middle of process 1's largest data file, restores the latest valid."""
+  import pathlib  # pylint: disable=import-outside-toplevel
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  mngr.save(2, state_at(2, mesh), metadata={"processes": 2})
+  mngr.wait_until_finished()
+  if pid == 1:
+    files = [p for p in (pathlib.Path(mngr.directory) / "2" / "state" / "ocdbt.process_1" / "d").iterdir()]
+    path = max(files, key=lambda p: p.stat().st_size)
+    data = bytearray(path.read_bytes())
+    mid = len(data) // 2
+    data[mid:mid + 64] = bytes(b ^ 0xFF for b in data[mid:mid + 64])
+    path.write_bytes(bytes(data))
+  multihost_utils.sync_global_devices("damaged")
+  target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), state_at(0, mesh))
+  restored = mngr.restore_latest_valid(target)
+  print("FELL_BACK", pid, restored.step, [s.step for s in restored.skipped], flush=True)
+
+
 def multihost(directory: str, port: int, pid: int, role: str) -> None:
   jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid,
                              initialization_timeout=60, heartbeat_timeout_seconds=10)
@@ -79,6 +99,10 @@ def multihost(directory: str, port: int, pid: int, role: str) -> None:
     os._exit(0)
   mngr.save(1, state_at(1, mesh), metadata={"processes": 2})
   mngr.wait_until_finished()
+  if role == "damaged":
+    _damaged_newest_falls_back(mngr, mesh, pid)
+    mngr.close()
+    os._exit(0)
   other = jax.make_mesh((4, 2), ("a", "b"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
   target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=jax.sharding.NamedSharding(
       other, P("b", "a") if a.ndim else P())), jax.eval_shape(lambda: state_at(0, other)))

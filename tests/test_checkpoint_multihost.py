@@ -54,3 +54,11 @@ def test_missing_process_times_out_naming_it(tmp_path):
   line = next((l for l in out.splitlines() if l.startswith("TIMEOUT")), None)
   assert line is not None, out[-3000:]
   assert re.search(r"Process 0: barrier 'save_1/\d+' timed out after 5.0 s; process\(es\) \[1\] did not arrive", line)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_two_processes_agree_to_skip_a_step_damaged_in_one_process_files(tmp_path):
+  outs = _run_pair(tmp_path, "damaged")
+  for pid, out in enumerate(outs):
+    assert f"FELL_BACK {pid} 1 [2]" in out, out[-3000:]
