@@ -16,7 +16,10 @@ A leaf that derives from no param takes its own largest such dimension.
 A leaf laid out in blocks of its param (its rank, every dimension a divisor
 of the param's: quantized state's scales and packed 4-bit codes) splits the
 same dimension whatever its size, when its block count there divides, so a
-block, its codes and its scale live on one device.
+block, its codes and its scale live on one device. A grid of per-block
+statistics (``(*blocks, *per_block)``: one leading dimension per param
+dimension counting its blocks, as Shampoo's and SOAP's) splits the block
+count of that dimension, when it divides, so whole blocks move together.
 """
 
 import itertools
@@ -50,6 +53,14 @@ def _in_blocks_of(shape, param_shape) -> bool:
                   for s, p in zip(shape, param_shape)))
 
 
+def _block_grid_of(shape, param_shape) -> bool:
+  """More dimensions than the param, the leading ones each a divisor of the
+  param's dimension (its block count there): per-block statistics."""
+  rank = len(param_shape)
+  return (0 < rank < len(shape)
+          and all(p % g == 0 for g, p in zip(shape[:rank], param_shape)))
+
+
 def param_dims(shape, param_shape) -> list[int | None] | None:
   """Per leaf dimension, the param dimension it keeps (None: its own, e.g. a
   history dimension); None when the two shapes match no single way."""
@@ -63,6 +74,8 @@ def param_dims(shape, param_shape) -> list[int | None] | None:
     return [d if s == p else None for d, (s, p) in enumerate(zip(shape, param_shape))]
   if _in_blocks_of(shape, param_shape):
     return list(range(rank))
+  if _block_grid_of(shape, param_shape):
+    return list(range(param_rank)) + [None] * (rank - param_rank)
   if rank < param_rank:
     matches = [kept for kept in itertools.combinations(range(param_rank), rank)
                if all(shape[i] == param_shape[d] for i, d in enumerate(kept))]
@@ -115,7 +128,7 @@ def zero_dimension(shape, dtype, spec, param_shape, param_spec, axis: str,
   dim = kept.index(param_dim)
   if spec[dim] is not None:
     return f"not sharded: dimension {dim} is already sharded ({spec})", None
-  if in_blocks and shape[dim] % size:
+  if shape[dim] % size:  # a block count
     return (f"not sharded: {shape[dim]} blocks along its param's ZeRO "
-            f"dimension {dim}, not divisible by {size}"), None
+            f"dimension {param_dim}, not divisible by {size}"), None
   return f"dim {dim}" + (" (blocks of its param)" if in_blocks else ""), dim
