@@ -83,7 +83,7 @@ def test_unsigned_codes_never_round_a_positive_value_to_zero():
 def test_pack_puts_two_indices_per_byte():
   index = jnp.asarray([[1, 2, 15, 0], [7, 8, 3, 4]], jnp.uint8)
   packed = codes.pack(index, axis=1)
-  np.testing.assert_array_equal(np.asarray(packed), [[0x21, 0x0F], [0x87, 0x43]])
+  np.testing.assert_array_equal(np.asarray(packed), [[0xF1, 0x02], [0x37, 0x48]])
   np.testing.assert_array_equal(np.asarray(codes.unpack(packed, axis=1)), index)
   np.testing.assert_array_equal(np.asarray(codes.unpack(codes.pack(index, 0), 0)), index)
 

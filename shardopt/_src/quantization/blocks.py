@@ -77,9 +77,18 @@ def choose_tile(shape, block_size: int, fit) -> tuple[int, ...] | None:
 
 
 def pack_axis(tile) -> int | None:
-  """The last dimension whose tile length is even (4-bit codes pair along it)."""
+  """The last dimension whose tile length is even: 4-bit codes pair the two
+  halves of each tile along it, so a byte never spans two blocks."""
   even = [d for d, t in enumerate(tile) if t % 2 == 0]
   return even[-1] if even else None
+
+
+def _packed_tile(tile, bits: int) -> tuple[int, ...]:
+  """The tile of the stored codes: at 4 bits half as long on ``pack_axis``."""
+  if bits == 8:
+    return tuple(tile)
+  axis = pack_axis(tile)
+  return tuple(t // 2 if d == axis else t for d, t in enumerate(tile))
 
 
 def _split(x, tile):
@@ -112,18 +121,18 @@ def quantize(x: jax.Array, tile, book: codes.CodeBook, bits: int) -> QuantizedAr
   divisor = jnp.expand_dims(jnp.where(scales > 0, scales, 1.0), _inner_axes(tile))
   normalized = jnp.where(finite, blocks / divisor, jnp.sign(blocks))
   normalized = jnp.clip(jnp.nan_to_num(normalized, nan=0.0), -1.0, 1.0)
-  index = _merge(codes.encode(normalized, book), tile)
-  if bits == 4:
-    index = codes.pack(index, pack_axis(tile))
-  return QuantizedArray(index, scales)
+  index = codes.encode(normalized, book)
+  if bits == 4:  # pairs within a block: entries k and k + t/2 of its tile
+    index = codes.pack(index, 2 * pack_axis(tile) + 1)
+  return QuantizedArray(_merge(index, _packed_tile(tile, bits)), scales)
 
 
 def dequantize(q: QuantizedArray, tile, book: codes.CodeBook, bits: int,
                dtype) -> jax.Array:
   """The values that ``quantize`` stored, in ``dtype``."""
-  index = q.codes
+  index = _split(q.codes, _packed_tile(tile, bits))
   if bits == 4:
-    index = codes.unpack(index, pack_axis(tile))
-  values = _split(codes.decode(index, book), tile)
+    index = codes.unpack(index, 2 * pack_axis(tile) + 1)
+  values = codes.decode(index, book)
   values = values * jnp.expand_dims(q.scales, _inner_axes(tile))
   return _merge(values, tile).astype(dtype)

@@ -26,6 +26,7 @@ al.): only an exact zero gets the zero code.
 import functools
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -97,17 +98,26 @@ def _dynamic_magnitude(k, levels: int, xp=jnp):
 
 
 def _dynamic_rank(magnitude, levels: int):
-  """Index ``k`` of the nearest positive magnitude, -1 where 0 is nearer."""
+  """Index ``k`` of the nearest positive magnitude, -1 where 0 is nearer.
+
+  The level is found by comparing with the decade bounds, then the position
+  within the level by rounding (one multiply-add per element)."""
   tiny = np.float32(10.0 ** (1 - levels))
-  safe = jnp.maximum(magnitude, tiny / 4)
-  level = jnp.clip(jnp.ceil(jnp.log10(safe)).astype(jnp.int32) + levels - 1,
-                   0, levels - 1)
-  steps = jnp.left_shift(1, level)
-  j_float = (safe / _decade(level, levels) - 0.1) * steps.astype(jnp.float32) / 0.9
-  j = jnp.clip(jnp.round(j_float).astype(jnp.int32) - 1, -1, steps - 1)
-  rank = steps - 1 + j
-  # Below the smallest magnitude the neighbours are 0 and ``tiny``.
-  return jnp.where(level == 0, jnp.where(magnitude >= tiny / 2, 0, -1), rank)
+  scale = jnp.full(magnitude.shape, np.float32(1 / (0.9 * tiny)))
+  offset = jnp.full(magnitude.shape, np.float32(0.1 / 0.9))
+  first = jnp.zeros(magnitude.shape, jnp.int32)  # rank of the level's start
+  for level in range(1, levels):
+    above = magnitude > np.float32(10.0 ** (level - levels))
+    decade, steps = 10.0 ** (level - levels + 1), 2 ** level
+    scale = jnp.where(above, np.float32(steps / (0.9 * decade)), scale)
+    offset = jnp.where(above, np.float32(0.1 * steps / 0.9), offset)
+    first = jnp.where(above, steps - 1, first)
+  steps = first + 1
+  j = jnp.clip(jnp.round(magnitude * scale - offset).astype(jnp.int32) - 1,
+               -1, steps - 1)
+  # Level 0 holds one magnitude (``tiny``); below it the neighbour is 0.
+  return jnp.where(first == 0, jnp.where(magnitude >= tiny / 2, 0, -1),
+                   first + j)
 
 
 def encode(normalized, book: CodeBook):
@@ -142,19 +152,14 @@ def decode(index, book: CodeBook, xp=jnp):
 
 
 def pack(index, axis: int):
-  """Two 4-bit indices per byte: entries ``2k`` (low nibble) and ``2k + 1``
-  (high nibble) of ``axis``, which must have even length."""
-  axis = axis % index.ndim
-  shape = index.shape
-  pairs = index.reshape(*shape[:axis], shape[axis] // 2, 2, *shape[axis + 1:])
-  low = jnp.take(pairs, 0, axis=axis + 1)
-  high = jnp.take(pairs, 1, axis=axis + 1)
+  """Two 4-bit indices per byte along ``axis`` (even length ``2h``): entry
+  ``k`` in the low nibble, entry ``k + h`` in the high one."""
+  half = index.shape[axis] // 2
+  low = jax.lax.slice_in_dim(index, 0, half, axis=axis)
+  high = jax.lax.slice_in_dim(index, half, 2 * half, axis=axis)
   return (low | (high << 4)).astype(jnp.uint8)
 
 
 def unpack(packed, axis: int):
   """Inverse of ``pack``: ``axis`` doubles in length."""
-  axis = axis % packed.ndim
-  pairs = jnp.stack([packed & 0xF, packed >> 4], axis=axis + 1)
-  shape = packed.shape
-  return pairs.reshape(*shape[:axis], shape[axis] * 2, *shape[axis + 1:])
+  return jnp.concatenate([packed & 0xF, packed >> 4], axis=axis)
