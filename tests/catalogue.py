@@ -335,6 +335,19 @@ ENTRIES: tuple[Entry, ...] = (
       )),
     Entry("scale_by_muon", {"weight_dimension_numbers": Lib(_muon_dims)},
           namespace="contrib", finish=_on_matrices),
+    # Blocked Shampoo and SOAP (shardopt.contrib): optax has neither; each is
+    # proven against a NumPy reference in tests/test_shampoo.py, test_soap.py.
+    # Refreshes at steps 1 and 3 of the harness's sharded steps.
+    *(Entry(name, {**kwargs, "block_size": 4, "precondition_frequency": 2},
+            namespace="contrib", oracle=False, variant=variant)
+      for name, kwargs, variant in (
+          ("shampoo", _LR, ""),
+          ("scale_by_shampoo", {}, ""),
+          ("scale_by_shampoo", {"inverse_root_method": "newton",
+                                "grafting": "adagrad"}, "newton, adagrad"),
+          ("soap", _LR, ""),
+          ("scale_by_soap", {}, ""),
+      )),
 )
 
 
