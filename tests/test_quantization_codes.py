@@ -98,6 +98,11 @@ def test_tiles_fill_from_the_last_dimension_and_fit_the_shards():
   assert blocks.fit_lengths((256, 64), (64, 64), 2, free=[1]) == (64, 32)
 
 
+def _coded(book, x):
+  """What the codes represent: ``x``, or its root for a ``root`` book."""
+  return np.sqrt(np.maximum(x, 0)) if book.root else x
+
+
 def _max_error(book):
   """The largest rounding error within [-1, 1] (signed) or [0, 1]: half the
   widest gap, or the distance from 0 up to a zero-free book's first entry."""
@@ -114,16 +119,18 @@ def test_block_round_trip_error_is_bounded_per_block(bits, signed):
   q, got = _round_trip(book, bits, (1, 32), x)
   assert q.codes.dtype == jnp.uint8
   assert q.codes.shape == ((8, 64) if bits == 8 else (8, 32))
+  x, got = _coded(book, x), _coded(book, got)
   absmax = np.abs(x).reshape(8, 2, 32).max(axis=2)
   np.testing.assert_array_equal(np.asarray(q.scales), absmax)
   bound = absmax * _max_error(book) * (1 + 1e-5)
   error = np.abs(got - x).reshape(8, 2, 32).max(axis=2)
   assert np.all(error <= bound)
-  # The absmax element of each block is stored exactly.
+  # The absmax element of each block is stored exactly (its root, up to the
+  # rounding of squaring it back, for a root book).
   blocks_x, blocks_got = x.reshape(16, 32), got.reshape(16, 32)
   top = np.abs(blocks_x).argmax(axis=1)
-  np.testing.assert_array_equal(blocks_got[np.arange(16), top],
-                                blocks_x[np.arange(16), top])
+  np.testing.assert_allclose(blocks_got[np.arange(16), top],
+                             blocks_x[np.arange(16), top], rtol=1e-6 if book.root else 0)
 
 
 @pytest.mark.parametrize("bits,signed", BOOKS)
@@ -153,6 +160,7 @@ def test_a_non_finite_value_stays_in_its_element(bits, signed):
   bad = x.copy()
   bad[0, 3], bad[1, 5] = np.nan, np.inf
   q, got = _round_trip(book, bits, (1, 16), bad)
+  x, got, clean = _coded(book, x), _coded(book, got), _coded(book, clean)
   scales = np.asarray(q.scales)[:, 0]
   assert np.all(np.isfinite(scales)) and np.all(np.isfinite(got))
   np.testing.assert_array_equal(scales[0], np.delete(x[0], 3).max())  # finite absmax
@@ -165,3 +173,13 @@ def test_a_non_finite_value_stays_in_its_element(bits, signed):
     keep = np.arange(16) != skip
     assert np.all(np.abs(got[row, keep] - x[row, keep]) <= bound[row])
   np.testing.assert_array_equal(got[2], clean[2])
+
+
+def test_four_bit_second_moments_store_the_root_by_hand():
+  book = codes.code_book(4, False)
+  assert book.root and book.name == "linear-zero-free-sqrt-4"
+  x = np.asarray([[0.25, 1.0, 0.0, 0.01]], np.float32)  # roots .5, 1, 0, .1
+  q, got = _round_trip(book, 4, (1, 4), x)
+  assert float(q.scales[0, 0]) == 1.0
+  np.testing.assert_allclose(got[0], [0.25, 1.0, (1 / 16) ** 2, (2 / 16) ** 2],
+                             rtol=1e-6)

@@ -14,7 +14,8 @@ global array, a quantized state restores onto any mesh bit-exactly (on a
 mesh whose shards cut tiles XLA moves the data it needs; nothing changes).
 
 Each block stores one ``float32`` scale, the largest finite ``|x|`` of the
-block (block-wise absmax, Dettmers et al. 2021), and one code per element.
+block (block-wise absmax, Dettmers et al. 2021), and one code per element
+(for a ``root`` code book, of ``sqrt(x)``: scale and codes are of the root).
 Non-finite values never reach a scale: ``+-inf`` saturate to ``+-scale``
 and ``nan`` takes the code nearest to zero, so one bad value leaves the rest
 of its block as it was.
@@ -115,7 +116,10 @@ def _inner_axes(tile) -> tuple[int, ...]:
 
 def quantize(x: jax.Array, tile, book: codes.CodeBook, bits: int) -> QuantizedArray:
   """``x`` as codes of ``book`` and a per-block absmax scale."""
-  blocks = _split(x.astype(jnp.float32), tile)
+  x = x.astype(jnp.float32)
+  if book.root:
+    x = jnp.sqrt(jnp.maximum(x, 0.0))
+  blocks = _split(x, tile)
   finite = jnp.isfinite(blocks)
   scales = jnp.max(jnp.where(finite, jnp.abs(blocks), 0.0), axis=_inner_axes(tile))
   divisor = jnp.expand_dims(jnp.where(scales > 0, scales, 1.0), _inner_axes(tile))
@@ -135,4 +139,6 @@ def dequantize(q: QuantizedArray, tile, book: codes.CodeBook, bits: int,
     index = codes.unpack(index, 2 * pack_axis(tile) + 1)
   values = codes.decode(index, book)
   values = values * jnp.expand_dims(q.scales, _inner_axes(tile))
+  if book.root:
+    values = values * values
   return _merge(values, tile).astype(dtype)

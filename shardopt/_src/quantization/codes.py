@@ -16,7 +16,10 @@ trace on sharded operands and run shard-local.
   smallest 1e-2.
 * Linear zero-free code (Li et al. 2023), for a 4-bit second moment:
   ``(j + 1) / 16``. No positive value can round to zero, so ``1 / sqrt(v)``
-  cannot blow up.
+  cannot blow up. It codes ``sqrt(v)`` (``root``; blocks.py takes the root
+  before and squares after): 16 linear steps of the root span a 256-fold
+  range of ``v``, where 16 steps of ``v`` itself would flatten every value
+  under 1/32 of its block's largest to 1/16 of it.
 
 ``encode`` rounds to the nearest entry, except that a positive value never
 rounds to the zero entry of an unsigned book (the zero-point problem of Li et
@@ -48,6 +51,7 @@ class CodeBook(NamedTuple):
   signed: bool
   dynamic: bool  # dynamic (decades) or linear zero-free
   values: np.ndarray  # float32, ascending: decode(0), decode(1), ...
+  root: bool = False  # codes the square root of the value (see quantize)
 
   @property
   def levels(self) -> int:
@@ -71,7 +75,9 @@ def code_book(bits: int, signed: bool) -> CodeBook:
   kind = ("dynamic-signed" if signed else "dynamic-unsigned") if dynamic else (
       "linear-zero-free")
   size = 2 ** (bits - 1) * 2 - 1 if signed else 2 ** bits
-  book = CodeBook(f"{kind}-{bits}", bits, signed, dynamic, np.zeros(0))
+  root = not dynamic
+  name = f"{kind}-{'sqrt-' if root else ''}{bits}"
+  book = CodeBook(name, bits, signed, dynamic, np.zeros(0), root)
   values = decode(np.arange(size, dtype=np.uint8), book, xp=np)
   return book._replace(values=values)
 

@@ -20,7 +20,6 @@ no communication that float32 state would not; a leaf where no tile of
 from collections.abc import Callable
 import re
 from typing import Any
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +28,8 @@ from shardopt._src import base
 from shardopt._src.quantization import blocks
 from shardopt._src.quantization import codes
 from shardopt._src.quantization.blocks import QuantizedArray
+from shardopt._src.quantization.report import QuantizedLeaf
+from shardopt._src.quantization.report import QuantizedStateReport
 from shardopt._src.tree_map_params import tree_map_params
 
 __all__ = [
@@ -46,38 +47,6 @@ NONNEGATIVE_FIELDS = frozenset(
     {"nu", "nu_max", "sum_of_squares", "e_g", "e_x", "v", "v_row", "v_col"})
 
 _DEFAULT_BLOCK_SIZE = {8: 256, 4: 128}
-
-
-class QuantizedLeaf(NamedTuple):
-  """How one float state leaf is stored, and why."""
-
-  path: str  # within the wrapped transformation's state
-  shape: tuple[int, ...]
-  stored: str  # the code book's name, or the float dtype kept
-  tile: tuple[int, ...] | None  # block shape; None when not quantized
-  nbytes: int  # bytes of the stored leaf (codes + scales, or the float)
-  reason: str  # why it is kept in float, "" when quantized
-
-
-class QuantizedStateReport(NamedTuple):
-  """``describe_quantized_state``'s answer: one line per float state leaf."""
-
-  bits: int
-  leaves: tuple[QuantizedLeaf, ...]
-
-  @property
-  def fallbacks(self) -> tuple[QuantizedLeaf, ...]:
-    """Param-shaped leaves of at least ``min_size`` kept in float."""
-    return tuple(l for l in self.leaves if l.reason.startswith("no tile"))
-
-  def __str__(self) -> str:
-    stored = sum(l.nbytes for l in self.leaves)
-    lines = [f"quantized state ({self.bits}-bit): {stored:,} bytes stored"]
-    width = max([len(l.path) for l in self.leaves] + [4])
-    for l in self.leaves:
-      how = f"tile {l.tile}" if l.tile else f"kept: {l.reason}"
-      lines.append(f"  {l.path:<{width}}  {l.shape!s:<14} {l.stored:<20} {how}")
-    return "\n".join(lines)
 
 
 class _ParamLayout:
@@ -242,9 +211,10 @@ def quantized_state(
   8 bits magnitudes down to 1e-6 of the block's absmax; at 4 bits 15 values
   down to 1e-2, the dynamic-exponent code Li et al. use for the first
   moment). Non-negative leaves (second moments) use the unsigned dynamic
-  code at 8 bits and, at 4 bits, the linear code without zero of Li et al.:
-  a small second moment that rounded to zero would make ``1 / sqrt(v)``
-  explode, so a positive value never gets a zero code. Li et al.'s rank-1
+  code at 8 bits and, at 4 bits, the linear code without zero of Li et al.,
+  applied to ``sqrt(v)`` (a 256-fold range of ``v`` in 16 steps): a small
+  second moment that rounded to zero would make ``1 / sqrt(v)`` explode, so
+  a positive value never gets a zero code. Li et al.'s rank-1
   normalisation is not used: its row and column maxima need a reduction
   across shards, and the block-wise absmax needs none. Which leaves are
   non-negative is decided statically by the field's name (never by the

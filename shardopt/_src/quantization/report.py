@@ -1,0 +1,37 @@
+"""What ``quantized_state`` stores, leaf by leaf (``describe_quantized_state``)."""
+
+from typing import NamedTuple
+
+__all__ = ["QuantizedLeaf", "QuantizedStateReport"]
+
+
+class QuantizedLeaf(NamedTuple):
+  """How one float state leaf is stored, and why."""
+
+  path: str  # within the wrapped transformation's state
+  shape: tuple[int, ...]
+  stored: str  # the code book's name, or the float dtype kept
+  tile: tuple[int, ...] | None  # block shape; None when not quantized
+  nbytes: int  # bytes of the stored leaf (codes + scales, or the float)
+  reason: str  # why it is kept in float, "" when quantized
+
+
+class QuantizedStateReport(NamedTuple):
+  """``describe_quantized_state``'s answer: one line per float state leaf."""
+
+  bits: int
+  leaves: tuple[QuantizedLeaf, ...]
+
+  @property
+  def fallbacks(self) -> tuple[QuantizedLeaf, ...]:
+    """Param-shaped leaves of at least ``min_size`` kept in float."""
+    return tuple(l for l in self.leaves if l.reason.startswith("no tile"))
+
+  def __str__(self) -> str:
+    stored = sum(l.nbytes for l in self.leaves)
+    lines = [f"quantized state ({self.bits}-bit): {stored:,} bytes stored"]
+    width = max([len(l.path) for l in self.leaves] + [4])
+    for l in self.leaves:
+      how = f"tile {l.tile}" if l.tile else f"kept: {l.reason}"
+      lines.append(f"  {l.path:<{width}}  {l.shape!s:<14} {l.stored:<20} {how}")
+    return "\n".join(lines)
