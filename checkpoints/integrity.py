@@ -11,9 +11,11 @@ Sums modulo 2**32 are exact in any order, so each process adds up the shards it
 holds (one replica of each), where the bytes already are: zero-copy NumPy views
 of CPU device buffers, or a small jitted reduction on an accelerator. Saving on
 one mesh and restoring onto another gives the same numbers. Any change of a
-single word changes ``sum(u)``; words moved to another position change a
-moment. Detection of arbitrary damage is probabilistic (a random change escapes
-with odds of about 2**-32 per number).
+single word changes ``sum(u)``; two words ``u_p != u_q`` exchanged between
+positions whose index ``d`` differs change moment ``d`` unless
+``(p_d - q_d) * (u_p - u_q)`` is a multiple of 2**32. Other damage escapes
+only if it happens to leave every number unchanged (for random damage, odds of
+about 2**-32 per number).
 """
 
 import concurrent.futures

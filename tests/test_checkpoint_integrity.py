@@ -220,6 +220,17 @@ def test_deleted_step_folder_falls_back_and_a_deleted_item_folder_is_skipped(tmp
   assert restored.step == 1 and [s.step for s in restored.skipped] == [2]
 
 
+def test_step_written_before_checksums_restores_unverified_with_a_warning(tmp_path, caplog):
+  _save_steps(tmp_path, steps=(1,))
+  record_file = tmp_path / "1" / "layout" / "metadata"
+  saved = json.loads(record_file.read_text())
+  record_file.write_text(json.dumps({"format": "shardopt.checkpoint/1", "leaves": saved["leaves"]}))
+  with ck.CheckpointManager(tmp_path) as mngr:
+    restored = mngr.restore(_target("4x2"))
+  _assert_bit_equal(restored.state, _state(seed=1))
+  assert any("without checksums" in r.getMessage() for r in caplog.records)
+
+
 # Errors that are not corruption ----------------------------------------------
 
 
