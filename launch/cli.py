@@ -69,6 +69,9 @@ def _add_optimizer(p) -> None:
                  help="end learning rate as a fraction of --lr (cosine, linear)")
   g.add_argument("--clip-norm", type=float, default=1.0,
                  help="clip updates by global norm first; 0 turns it off")
+  g.add_argument("--state-bits", type=int, choices=(8, 4), default=None,
+                 help="store the optimizer's moments block-wise quantized in 8 or 4"
+                 " bits (shardopt.quantized_state, blocks fitted to the shards)")
 
 
 def _add_model_and_data(p) -> None:

@@ -28,7 +28,7 @@ import partitioning
 import shardopt
 from launch import data, report, resume, run_config, run_folder
 from launch.model import ModelConfig, Transformer, next_token_loss
-from launch.optim import build_schedule
+from launch.optim import build_schedule, with_state_bits
 from launch.validation import NonFiniteGuard, as_usage_error, checked_mesh, checked_optimizer
 
 __all__ = ["init_distributed", "run"]
@@ -90,9 +90,10 @@ def _layout(args, mesh, model, tx):
   specs = partitioning.match_partition_rules(rules, shapes)
   partitioning.validate_specs(shapes, specs, mesh)
   abstract = partitioning.abstract_params(shapes, partitioning.named_shardings(mesh, specs))
+  zero_axis = "data" if args.zero else None
+  tx = with_state_bits(args, tx, partitioning.named_shardings(mesh, specs), zero_axis)
   opt = shardopt.make_sharded_optimizer(
-      tx, abstract, partitioning.named_shardings(mesh, specs),
-      shard_state_over="data" if args.zero else None)
+      tx, abstract, partitioning.named_shardings(mesh, specs), shard_state_over=zero_axis)
   return rules, specs, abstract, opt
 
 
@@ -166,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
   with as_usage_error(f"--mesh {args.mesh} --rules {args.rules} and the model sizes"):
     rules, specs, abstract, opt = _layout(args, mesh, model, tx)
   abstract_state = partitioning.abstract_params(
-      jax.eval_shape(tx.init, abstract), opt.state_shardings)
+      jax.eval_shape(opt.tx.init, abstract), opt.state_shardings)
   resumed, note = run_folder.prepare(args, is_main=jax.process_index() == 0)
   if note:
     _say(note)

@@ -12,7 +12,7 @@ import inspect
 
 import shardopt
 
-__all__ = ["HYPERPARAMETER_FLAGS", "build_optimizer", "build_schedule"]
+__all__ = ["HYPERPARAMETER_FLAGS", "build_optimizer", "build_schedule", "with_state_bits"]
 
 HYPERPARAMETER_FLAGS = ("b1", "b2", "eps", "weight_decay", "momentum")
 
@@ -77,3 +77,12 @@ def build_optimizer(args: argparse.Namespace) -> shardopt.GradientTransformation
   if args.clip_norm > 0:
     tx = shardopt.chain(shardopt.clip_by_global_norm(args.clip_norm), tx)
   return tx
+
+
+def with_state_bits(args: argparse.Namespace, tx, param_shardings, zero_axis):
+  """``tx`` with its moments quantized to --state-bits (blocks fitted to the
+  params' shardings and the ZeRO axis), or ``tx`` when it is not given."""
+  if getattr(args, "state_bits", None) is None:
+    return tx
+  return shardopt.quantized_state(tx, bits=args.state_bits, param_shardings=param_shardings,
+                                  shard_state_over=zero_axis)

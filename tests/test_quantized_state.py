@@ -209,3 +209,17 @@ def test_checkpoint_restores_bit_equal_on_other_meshes(tmp_path):
       assert got.sharding.mesh.shape == other.shape
       np.testing.assert_array_equal(np.asarray(got), want)
       assert got.dtype == want.dtype
+
+
+def test_launch_state_bits_flag_quantizes_with_the_job_layout():
+  from launch import cli
+  from launch import optim
+  mesh = _mesh()
+  args = cli.parser().parse_args(["--state-bits", "4"])
+  tx = optim.with_state_bits(args, shardopt.adamw(1e-2), _shardings(mesh), "data")
+  state = tx.init(_params(mesh))
+  assert isinstance(state[0].nu["wi"], shardopt.QuantizedArray)
+  assert state[0].nu["wi"].codes.shape == (64, 128)
+  plain = cli.parser().parse_args([])
+  assert optim.with_state_bits(plain, shardopt.adamw(1e-2), None, None).init(
+      _params(mesh))[0].nu["wi"].dtype == jnp.float32
