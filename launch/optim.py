@@ -9,6 +9,7 @@ clipping when asked.
 
 import argparse
 import inspect
+import typing
 
 import shardopt
 
@@ -48,10 +49,18 @@ def _params(fn) -> dict:
   return dict(inspect.signature(fn).parameters)
 
 
+def _takes_int(param) -> bool:
+  """The parameter's default is an int, or its annotation is ``int`` (or
+  ``int | None``)."""
+  default = param.default
+  if isinstance(default, int) and not isinstance(default, bool):
+    return True
+  return param.annotation is int or int in typing.get_args(param.annotation)
+
+
 def _as_default_type(value, param):
-  """``--opt block_size=16`` parses as 16.0: an int where the default is one."""
-  if (param is not None and isinstance(param.default, int)
-      and not isinstance(param.default, bool) and float(value).is_integer()):
+  """``--opt block_size=16`` parses as 16.0: an int where the keyword takes one."""
+  if param is not None and _takes_int(param) and float(value).is_integer():
     return int(value)
   return value
 

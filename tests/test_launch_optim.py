@@ -20,10 +20,10 @@ def test_optimizer_names_resolve(name, home):
 
 def test_integer_keywords_stay_integers(tmp_path):
   args = _args(tmp_path, "--optimizer", "shampoo", "--opt", "block_size=16",
-               "--opt", "eps=1e-4")
+               "--opt", "max_shards=2", "--opt", "eps=1e-4")
   kwargs = optim.optimizer_kwargs(args, shardopt.contrib.shampoo)
-  assert kwargs == {"block_size": 16, "eps": 1e-4}
-  assert type(kwargs["block_size"]) is int and type(kwargs["eps"]) is float
+  assert kwargs == {"block_size": 16, "max_shards": 2, "eps": 1e-4}
+  assert [type(kwargs[k]) for k in ("block_size", "max_shards", "eps")] == [int, int, float]
 
 
 def test_unknown_name_points_to_contrib():
