@@ -65,11 +65,12 @@ def main(directory: str, mode: str) -> None:
 def _damaged_newest_falls_back(mngr, mesh, pid: int) -> None:
   """Saves step 2, flips 64 bytes in the middle of process 1's largest data file, restores the latest valid."""
   import pathlib  # pylint: disable=import-outside-toplevel
+
   from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
   mngr.save(2, state_at(2, mesh), metadata={"processes": 2})
   mngr.wait_until_finished()
   if pid == 1:
-    files = [p for p in (pathlib.Path(mngr.directory) / "2" / "state" / "ocdbt.process_1" / "d").iterdir()]
+    files = list((pathlib.Path(mngr.directory) / "2" / "state" / "ocdbt.process_1" / "d").iterdir())
     path = max(files, key=lambda p: p.stat().st_size)
     data = bytearray(path.read_bytes())
     mid = len(data) // 2
