@@ -29,6 +29,7 @@ al.): only an exact zero gets the zero code.
 import functools
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -160,8 +161,23 @@ def pack(index, axis: int):
   """Two 4-bit indices per byte along ``axis`` (even length ``2h``): entry
   ``k`` in the low nibble, entry ``k + h`` in the high one.
 
-  Written as a weighted sum over the pair: taking the two halves as slices
-  made XLA:CPU recompute the fused codes per half, 20x slower."""
+  A weighted sum over the pair (taking the halves as slices made XLA:CPU
+  recompute the fused codes per half, 20x slower). Where ``axis`` is sharded
+  so that its halves cannot be split off (a tile not fitted to the shards),
+  the sum does not trace on Explicit meshes and the slices are used.
+  """
+  try:
+    return _pack_by_sum(index, axis)
+  except Exception as err:  # jax's ShardingTypeError is not public
+    if type(err).__name__ != "ShardingTypeError":
+      raise
+    half = index.shape[axis] // 2
+    low = jax.lax.slice_in_dim(index, 0, half, axis=axis)
+    high = jax.lax.slice_in_dim(index, half, 2 * half, axis=axis)
+    return (low | (high << 4)).astype(jnp.uint8)
+
+
+def _pack_by_sum(index, axis: int):
   shape = index.shape
   pairs = index.reshape(*shape[:axis], 2, shape[axis] // 2, *shape[axis + 1:])
   weights = np.asarray([1, 16], np.int32).reshape(
