@@ -10,7 +10,7 @@ import jax
 from shardopt._src import base
 from shardopt._src.aliases.gradient_descent import descend
 from shardopt._src.base import MaskOrFn
-from shardopt._src.transforms import momentum
+from shardopt._src.transforms import momentum as momentum_lib
 from shardopt._src.transforms import scaling
 from shardopt._src.transforms import sign
 from shardopt._src.wrappers import combine
@@ -121,7 +121,7 @@ def signum(
     Problems", ICML 2018 (https://arxiv.org/abs/1802.04434).
   """
   return combine.chain(
-      momentum.ema(beta, debias=False, accumulator_dtype=accumulator_dtype),
+      momentum_lib.ema(beta, debias=False, accumulator_dtype=accumulator_dtype),
       sign.scale_by_sign(),
       scaling.scale_by_learning_rate(learning_rate),
   )
