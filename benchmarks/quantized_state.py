@@ -123,7 +123,10 @@ def train_lm(name, bits, seeds, steps, setup, corpus):
     state = opt.init(params)
     for i in range(steps):
       batch = data.sharded_batch(corpus, seed, i, BATCH, LENGTH, mesh)
-      params, state, _ = step(params, state, batch)
+      params, state, loss = step(params, state, batch)
+      # One step in flight at a time: with many queued, simulated devices on
+      # 2 cores can each block in a different step's all-reduce (deadlock).
+      loss.block_until_ready()
     held_out = [evaluate(params, data.sharded_batch(
         corpus, 10_000, i, BATCH, LENGTH, mesh)) for i in range(EVAL_BATCHES)]
     losses.append(float(np.mean(jax.device_get(held_out))))
@@ -142,8 +145,9 @@ def measure_layout(name, bits, setup, n_params, corpus, steps=20):
   state = opt.init(params)
   step = opt.train_step(lambda p, tokens: next_token_loss(model, p, tokens))
   for i in range(steps):
-    params, state, _ = step(params, state, data.sharded_batch(
+    params, state, loss = step(params, state, data.sharded_batch(
         corpus, 0, i, BATCH, LENGTH, mesh))
+    loss.block_until_ready()
   per_param, ratio = state_bytes(state, n_params, mesh.size)
   matrices = [leaf for path, leaf in jax.tree_util.tree_leaves_with_path(state)
               if "ln_" not in jax.tree_util.keystr(path)]
@@ -173,7 +177,7 @@ def time_updates(layouts, setup, rounds=7, steps=10):
       start = time.perf_counter()
       for _ in range(steps):
         params, state = opt.update(grads, state, params)
-      jax.block_until_ready(state)
+        jax.block_until_ready(state)
       times[key].append((time.perf_counter() - start) / steps)
       live[key] = [params, state]
   return {k: float(np.median(v)) for k, v in times.items()}
