@@ -31,6 +31,11 @@ from launch.model import ModelConfig, Transformer, next_token_loss
 from launch.optim import build_schedule, with_state_bits
 from launch.validation import NonFiniteGuard, as_usage_error, checked_mesh, checked_optimizer
 
+# Steps dispatched ahead of the host at most, whatever --log-every: XLA:CPU aborts a
+# collective whose participants wait more than 40 s, which a long queue of steps reached
+# on a loaded 2-core machine (--log-every 200).
+_MAX_STEPS_IN_FLIGHT = 16
+
 __all__ = ["init_distributed", "run"]
 
 
@@ -207,6 +212,8 @@ def run(args: argparse.Namespace) -> int:
       checkpoint = args.checkpoint_every and step % args.checkpoint_every == 0
       if step % args.log_every == 0 or checkpoint:
         _log(pending, schedule, progress, metrics_path, guard)
+      elif len(pending) % _MAX_STEPS_IN_FLIGHT == 0:
+        jax.block_until_ready(loss)  # a wait, not a fetch: bounds the queue of steps
       if checkpoint:
         saved = _save(manager, step, params, opt_state, meta, guard)
     _log(pending, schedule, progress, metrics_path, guard)
