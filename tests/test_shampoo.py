@@ -173,3 +173,33 @@ def test_sharded_step_communication(axis_type, method, gathers):
   text = blocked_layout.assert_matrix_step_matches(tx, axis_type)
   assert ("all-gather(" in text) == gathers
   assert "all-reduce(" not in text
+
+
+@pytest.mark.parametrize("zero", [None, "data"], ids=["no_zero", "zero"])
+@pytest.mark.parametrize("name", ["shampoo", "soap"])
+def test_explicit_mesh_with_params_replicated_over_data(name, zero):
+  """Explicit (2, 4) axes, a matrix split over 'model' only (replicated over
+  'data'), with and without ZeRO over 'data': two steps (a refresh at each)
+  equal to the unsharded ones. The block grid is split on one of its dims
+  only, and ZeRO splits the grafting state further than the gradient."""
+  mesh = jax.make_mesh((2, 4), ("data", "model"),
+                       axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+  P = jax.sharding.PartitionSpec
+  shardings = {"w": jax.sharding.NamedSharding(mesh, P(None, "model")),
+               "b": jax.sharding.NamedSharding(mesh, P("model"))}
+  keys = jax.random.split(jax.random.PRNGKey(3), 4)
+  params = {"w": jax.random.normal(keys[0], (64, 128)),
+            "b": jax.random.normal(keys[1], (128,))}
+  grads = [{"w": jax.random.normal(k, (64, 128)), "b": jnp.ones(128)} for k in keys[2:]]
+  tx = getattr(shardopt.contrib, name)(0.01, precondition_frequency=1)
+  opt = shardopt.make_sharded_optimizer(tx, params, shardings, shard_state_over=zero)
+  placed = jax.device_put(jax.tree.map(jnp.copy, params), shardings)
+  state, plain_params, plain_state = opt.init(placed), params, tx.init(params)
+  plain_update = jax.jit(tx.update)
+  for g in grads:
+    placed, state = opt.update(jax.device_put(g, shardings), state, placed)
+    updates, plain_state = plain_update(g, plain_state, plain_params)
+    plain_params = shardopt.apply_updates(plain_params, updates)
+  for k in params:
+    np.testing.assert_allclose(np.asarray(placed[k]), np.asarray(plain_params[k]),
+                               rtol=1e-5, atol=1e-6, err_msg=k)

@@ -113,6 +113,16 @@ def explicit_spec(x) -> tuple | None:
   return spec + (None,) * (x.ndim - len(spec))
 
 
+def in_layout_of(x: jax.Array, like: jax.Array) -> jax.Array:
+  """``x`` resharded to ``like``'s layout on Explicit mesh axes (a state
+  split further by ZeRO than its param), unchanged elsewhere."""
+  sharding = getattr(jax.typeof(like), "sharding", None)
+  if sharding is None or jax.sharding.AxisType.Explicit not in getattr(
+      sharding.mesh, "axis_types", ()):
+    return x
+  return jax.sharding.reshard(x, NamedSharding(sharding.mesh, sharding.spec))
+
+
 def reshape(x, shape, spec_entries):
   """``x.reshape(shape)``, telling JAX the result's spec on Explicit axes."""
   if spec_entries is None:

@@ -29,15 +29,20 @@ __all__ = ["eigenbasis", "inverse_root"]
 
 def _per_block(fn, mats: jax.Array) -> jax.Array:
   """``fn`` applied to each ``(b, b)`` block, one after another (on Explicit
-  mesh axes, each device through its own blocks)."""
+  mesh axes, each device through its own blocks, whichever grid dims carry
+  the mesh axes)."""
   b = mats.shape[-1]
-  flat = jnp.reshape(mats, (-1, b, b))
-  mapped = lambda blocks: jax.lax.map(fn, blocks)
-  spec = blocking.explicit_spec(flat)
+
+  def mapped(blocks):
+    flat = jnp.reshape(blocks, (-1, b, b))
+    return jnp.reshape(jax.lax.map(fn, flat), blocks.shape)
+
+  spec = blocking.explicit_spec(mats)
   if spec is not None:
-    mapped = jax.shard_map(mapped, mesh=jax.typeof(flat).sharding.mesh,
-                           in_specs=P(*spec), out_specs=P(*spec))
-  return blocking.reshape(mapped(flat), mats.shape, blocking.explicit_spec(mats))
+    grid = P(*spec[:-2], None, None)  # a block is never split
+    mapped = jax.shard_map(mapped, mesh=jax.typeof(mats).sharding.mesh,
+                           in_specs=grid, out_specs=grid)
+  return mapped(mats)
 
 
 def eigenbasis(mats: jax.Array) -> jax.Array:
