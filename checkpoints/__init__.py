@@ -7,7 +7,12 @@ checksum is written at save time and checked on restore: damaged steps raise
 ``CorruptCheckpointError`` and ``restore_latest_valid`` passes over them.
 """
 
-from checkpoints.errors import *
+from checkpoints.errors import BarrierTimeoutError  # noqa: F401
+from checkpoints.errors import CheckpointDirectoryError  # noqa: F401
+from checkpoints.errors import CheckpointError  # noqa: F401
+from checkpoints.errors import CorruptCheckpointError  # noqa: F401
+from checkpoints.errors import NoCheckpointError  # noqa: F401
+from checkpoints.errors import StructureMismatchError  # noqa: F401
 from checkpoints.flax_state import create_nnx_optimizer  # noqa: F401
 from checkpoints.flax_state import create_train_state  # noqa: F401
 from checkpoints.flax_state import nnx_checkpoint_state  # noqa: F401
