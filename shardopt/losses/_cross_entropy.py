@@ -1,11 +1,12 @@
 """Cross-entropy losses: softmax (soft and integer labels), sigmoid, focal
 and polynomial.
 
-Every reduction over the class axis is a ``jnp`` reduction of elementwise
-terms (the label's logit is picked by comparing a class iota with the
-label, not gathered), so with the class (vocabulary) axis sharded over a
-mesh axis the compiled loss all-reduces per-example partial sums and never
-gathers the logits.
+Each computes optax's formula in optax's order, so values and gradients are
+bit-equal to optax's under ``jax.jit`` (tests/test_losses.py). With the class
+(vocabulary) axis sharded over an Auto mesh axis the compiled loss
+all-reduces per-example values and never gathers the logits: the reductions
+are ``jnp`` reductions, and XLA partitions the label's ``take_along_axis``
+by masking each shard's indices.
 """
 
 import jax
@@ -132,11 +133,9 @@ def _merge_class_axes(logits, where, axes: tuple[int, ...]):
 
 
 def _label_logit(logits, labels, axis: int):
-  """``logits`` at ``labels`` along ``axis``, selected elementwise (no
-  gather, so a sharded class axis stays sharded)."""
-  classes = jax.lax.broadcasted_iota(labels.dtype, logits.shape, axis)
-  hit = classes == jnp.expand_dims(labels, axis)
-  return jnp.sum(jnp.where(hit, logits, jnp.zeros_like(logits)), axis=axis)
+  """``logits`` at ``labels`` along ``axis`` (the axis dropped)."""
+  picked = jnp.take_along_axis(logits, jnp.expand_dims(labels, axis), axis=axis)
+  return picked.take(0, axis=axis)
 
 
 def softmax_cross_entropy_with_integer_labels(logits, labels, axis: int | tuple[int, ...] = -1,
@@ -176,8 +175,8 @@ def softmax_cross_entropy_with_integer_labels(logits, labels, axis: int | tuple[
   else:
     raise ValueError(f"{name}: axis must be an int or a tuple of ints, got"  # noqa: TRY004 (optax raises ValueError)
                      f" {type(axis).__name__}")
-  loss = (jax.nn.logsumexp(logits, axis=axis, where=where)
-          - _label_logit(logits, labels, axis))
+  label_logits = _label_logit(logits, labels, axis)
+  loss = jax.nn.logsumexp(logits, axis=axis, where=where) - label_logits
   if where is not None:
     loss = jnp.where(jnp.any(where, axis), loss, 0.0)
   return loss

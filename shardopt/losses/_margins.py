@@ -109,14 +109,33 @@ def multiclass_perceptron_loss(scores, labels):
   return jnp.max(scores, axis=-1) - _dot_last_axis(scores, one_hot)
 
 
-def _simplex_projection(values):
-  """The Euclidean projection of a vector onto the probability simplex
-  (sort-based, Held et al. 1974)."""
+@jax.custom_jvp
+def _unit_simplex_projection(values):
+  """The Euclidean projection of a vector onto the unit simplex (sort-based,
+  Held et al. 1974)."""
   descending = jnp.sort(values)[::-1]
   cumulative = jnp.cumsum(descending)
   ranks = jnp.arange(values.shape[0]) + 1
   support = jnp.count_nonzero(1 / ranks + (descending - cumulative / ranks) > 0)
   return jax.nn.relu(1 / support + (values - cumulative[support - 1] / support))
+
+
+@_unit_simplex_projection.defjvp
+def _unit_simplex_projection_jvp(primals, tangents):
+  """The projection's Jacobian on its support: the tangent there, centred
+  (Martins & Astudillo 2016), as optax defines it."""
+  (values,), (values_dot,) = primals, tangents
+  projected = _unit_simplex_projection(values)
+  support = projected > 0
+  size = jnp.count_nonzero(support)
+  return projected, (support * values_dot
+                     - (jnp.dot(support, values_dot) / size) * support)
+
+
+def _simplex_projection(values, scale=1.0):
+  """The projection onto the simplex of sum ``scale``, as optax computes it
+  (through the unit simplex, so gradients accumulate in optax's order)."""
+  return scale * _unit_simplex_projection(values / scale)
 
 
 def _one_sparsemax_loss(scores, label):

@@ -75,10 +75,13 @@ def dice_loss(predictions, targets, *, class_weights=None, smooth=1.0,
              else jax.nn.softmax(predictions, axis=-1))
   axis = tuple(range(1, probs.ndim - 1)) if axis is None else axis
   intersection = jnp.sum(probs * targets, axis=axis)
-  false_pos = jnp.sum(probs, axis=axis) - intersection
-  false_neg = jnp.sum(targets, axis=axis) - intersection
-  loss = 1.0 - (intersection + smooth) / (
-      intersection + alpha * false_pos + beta * false_neg + smooth)
+  pred_sum = jnp.sum(probs, axis=axis)
+  target_sum = jnp.sum(targets, axis=axis)
+  # optax's expression order, so that gradients accumulate as optax's do.
+  numerator = intersection + smooth
+  denominator = (intersection + alpha * (pred_sum - intersection)
+                 + beta * (target_sum - intersection) + smooth)
+  loss = 1.0 - numerator / denominator
   if class_weights is not None:
     _checks.require_rank(class_weights, 1, "dice_loss", "class_weights")
     loss = loss * class_weights
