@@ -1,8 +1,10 @@
 """The protocol: unpacking, indexing, stateless helpers, extra-args support."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 import shardopt
 from tests import oracle
@@ -47,3 +49,16 @@ def test_global_norm_and_safe_increment_match_optax():
   np.testing.assert_allclose(shardopt.global_norm(tree), optax.tree.norm(tree), rtol=1e-6)
   top = jnp.asarray(jnp.iinfo(jnp.int32).max, jnp.int32)
   assert int(shardopt.safe_increment(top)) == int(top)
+
+
+@pytest.mark.parametrize("dtype,x64", [
+    (jnp.uint8, False), (jnp.uint32, False), (jnp.int8, False), (jnp.float16, False),
+    (jnp.uint64, True), (jnp.int64, True)])
+def test_safe_increment_matches_optax_on_every_integer_width(dtype, x64):
+  with jax.enable_x64(x64):
+    top = np.iinfo(dtype).max if jnp.issubdtype(dtype, jnp.integer) else np.finfo(dtype).max
+    for value in (3, top):
+      count = jnp.asarray(value, dtype)
+      got, want = shardopt.safe_increment(count), optax.safe_increment(count)
+      assert got.dtype == want.dtype == dtype
+      assert got == want

@@ -45,8 +45,10 @@ def safe_increment(count: jax.Array) -> jax.Array:
         f"cannot increment a counter of dtype {count.dtype}: use an integer"
         " or floating dtype"
     )
-  one = jnp.ones_like(count)
-  return jnp.where(count < max_value, count + one, max_value).astype(count.dtype)
+  # The maximum as an array of the count's dtype: as a Python int, uint32's
+  # or uint64's would not fit the int32/int64 it is parsed as.
+  max_value = jnp.asarray(max_value, count.dtype)
+  return jnp.where(count < max_value, count + jnp.ones_like(count), max_value)
 
 
 safe_int32_increment = safe_increment
