@@ -63,7 +63,9 @@ def _two_loop(updates, diff_params, diff_updates, weights, identity_scale,
     return _axpy(-alpha, du, vec), alpha
 
   vec, alphas = jax.lax.scan(backward, updates, order, reverse=True)
-  vec = tree_math.tree_scale(identity_scale, vec)
+  # In the updates' dtype, as optax keeps it (a float32 scale would promote
+  # float16 / bfloat16 updates).
+  vec = jax.tree.map(lambda x: (identity_scale * x).astype(x.dtype), vec)
 
   def forward(vec, i_alpha):
     i, alpha = i_alpha
