@@ -9,6 +9,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from shardopt import tree
+from shardopt import tree_utils
 from tests import oracle
 
 
@@ -58,3 +59,14 @@ def test_sharded_matches_optax_unsharded(axis_type):
   for got in (eager, jitted):
     np.testing.assert_allclose(got, want, rtol=1e-6)
     assert got.sharding.is_fully_replicated
+
+
+@pytest.mark.parametrize("shape", [(20,), (20, 10), ()])
+def test_complex_with_real_equals_jnp_vdot_bit_for_bit(shape):
+  rng = np.random.RandomState(0)
+  a = rng.randn(*shape) + 1j * rng.randn(*shape)  # complex128: complex64 in jax
+  b = rng.randn(*shape)  # float64: float32 in jax
+  want = jnp.vdot(a, b, precision=jax.lax.Precision.HIGHEST)
+  np.testing.assert_array_equal(tree_utils.tree_vdot(a, b), want)
+  np.testing.assert_array_equal(tree_utils.tree_vdot(a, b), optax.tree_utils.tree_vdot(a, b))
+  np.testing.assert_array_equal(tree.tree_vdot(a, b), np.real(want))

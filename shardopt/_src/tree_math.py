@@ -130,6 +130,7 @@ def tree_clip(tree: Any, min_value=None, max_value=None) -> Any:
   return jax.tree.map(lambda x: jnp.clip(x, min_value, max_value), tree)
 
 
+@jax.jit
 def _leaf_vdot(a, b) -> jax.Array:
   """<a, b> = sum(conj(a) * b) of one leaf: all axes contracted at the
   highest precision.
@@ -137,9 +138,10 @@ def _leaf_vdot(a, b) -> jax.Array:
   ``jnp.vdot`` ravels its inputs, which a mesh whose axes are all Explicit
   rejects for sharded leaves; contracting every axis in place works there,
   given a stated (replicated) output sharding, and on Auto or unsharded
-  arrays alike.
+  arrays alike. Compiled as one program, as ``jnp.vdot`` is: called eagerly,
+  a separate ``conj`` and contraction round differently (1 ulp from
+  ``jnp.vdot`` for a complex64 vector).
   """
-  a, b = jnp.asarray(a), jnp.asarray(b)
   mesh = jax.typeof(a).sharding.mesh
   explicit = not mesh.empty and mesh.are_all_axes_explicit
   out_sharding = NamedSharding(mesh, PartitionSpec()) if explicit else None
