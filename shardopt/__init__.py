@@ -97,9 +97,9 @@ from shardopt._src.wrappers.conditional import (
     skip_not_finite,
 )
 from shardopt._src.wrappers.flatten import flatten
-from shardopt._src.wrappers.inject_hyperparams import inject_hyperparams, InjectHyperparamsState
-from shardopt._src.wrappers.inject_stateful_hyperparams import (
-    inject_stateful_hyperparams, InjectStatefulHyperparamsState, WrappedSchedule,
+from shardopt._src.wrappers.inject_hyperparams import (
+    inject_hyperparams, inject_stateful_hyperparams, InjectHyperparamsState,
+    InjectStatefulHyperparamsState, WrappedSchedule,
 )
 from shardopt._src.wrappers.lookahead import lookahead, LookaheadParams, LookaheadState
 from shardopt._src.wrappers.low_precision import low_precision_state

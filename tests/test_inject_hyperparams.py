@@ -1,4 +1,8 @@
-"""inject_hyperparams: schedules and user-set hyperparameters live in the state."""
+"""inject_hyperparams against optax 0.2.8: schedules (plain and stateful),
+user-set hyperparameters and PRNG keys live in the state, an
+InjectStatefulHyperparamsState as optax's."""
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -44,3 +48,94 @@ def test_schedule_is_evaluated_at_the_step_count():
 def test_unknown_static_arg_is_named():
   with pytest.raises(ValueError, match="not_an_arg"):
     shardopt.inject_hyperparams(shardopt.sgd, static_args="not_an_arg")
+
+
+def _same_state(got, want):
+  """Same NamedTuple types (by name and fields) all the way down, same values."""
+  assert type(got).__name__ == type(want).__name__
+  assert getattr(got, "_fields", None) == getattr(want, "_fields", None)
+  if isinstance(want, dict):
+    assert got.keys() == want.keys()
+    for k in want:
+      _same_state(got[k], want[k])
+  elif isinstance(want, tuple):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+      _same_state(g, w)
+  elif isinstance(want, jax.Array) and jnp.issubdtype(want.dtype, jax.dtypes.prng_key):
+    np.testing.assert_array_equal(jax.random.key_data(got), jax.random.key_data(want))
+  else:
+    assert jnp.asarray(got).dtype == jnp.asarray(want).dtype
+    np.testing.assert_array_equal(got, want)
+
+
+def test_state_is_optax_0_2_8s_stateful_state():
+  params = {"w": jnp.ones(3)}
+
+  def state(lib):
+    schedule = lib.linear_schedule(0.1, 0.01, 5)
+    tx = lib.inject_hyperparams(lib.sgd)(learning_rate=schedule, momentum=0.9)
+    s = tx.init(params)
+    _, s = tx.update({"w": jnp.full(3, 0.5)}, s, params)
+    return s
+
+  ours, theirs = state(shardopt), state(optax)
+  assert isinstance(ours, shardopt.InjectStatefulHyperparamsState)
+  _same_state(ours, theirs)
+
+
+def test_a_prng_key_passes_through_jitted_init_and_update_as_in_optax():
+  params = {"w": jnp.zeros(4)}
+
+  def run(lib):
+    tx = lib.inject_hyperparams(lib.add_noise)(eta=0.5, gamma=0.55, key=jax.random.key(17))
+    state = jax.jit(tx.init)(params)
+    updates, state = jax.jit(tx.update)(params, state, params)
+    return updates, state
+
+  (ours, ours_state), (theirs, theirs_state) = run(shardopt), run(optax)
+  _same_state(ours_state, theirs_state)
+  np.testing.assert_array_equal(ours["w"], theirs["w"])
+
+
+class _Total(NamedTuple):
+  total: jax.Array
+
+
+class _Accumulating:
+  """A stateful schedule: the sum of the ``addendum`` extra arguments so far."""
+
+  def init(self):
+    return _Total(jnp.zeros([], jnp.int32))
+
+  def update(self, state, **extra_args):
+    return _Total(state.total + extra_args["addendum"])
+
+  def __call__(self, state, **extra_args):
+    del extra_args
+    return state.total
+
+
+def test_takes_a_stateful_schedule_as_optax_does():
+  grads = {"w": jnp.ones(2)}
+
+  def run(lib):
+    tx = lib.inject_hyperparams(lib.scale)(step_size=_Accumulating())
+    state = jax.jit(tx.init)(grads)
+    addendum = 0.3 * jnp.ones((), jnp.float32)
+    for _ in range(2):
+      updates, state = jax.jit(tx.update)(grads, state, grads, addendum=addendum)
+    return updates, state
+
+  (ours, ours_state), (theirs, theirs_state) = run(shardopt), run(optax)
+  _same_state(ours_state, theirs_state)
+  np.testing.assert_array_equal(ours["w"], theirs["w"])
+  np.testing.assert_allclose(ours_state.hyperparams["step_size"], 0.3, rtol=1e-6)
+  np.testing.assert_allclose(ours_state.hyperparams_states["step_size"].total, 0.6, rtol=1e-6)
+
+
+def test_inject_stateful_hyperparams_is_a_deprecated_alias():
+  with pytest.warns(DeprecationWarning, match="use inject_hyperparams"):
+    factory = shardopt.inject_stateful_hyperparams(shardopt.sgd)
+  state = factory(learning_rate=0.1).init({"w": jnp.ones(2)})
+  assert isinstance(state, shardopt.InjectStatefulHyperparamsState)

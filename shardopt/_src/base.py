@@ -63,7 +63,7 @@ ScalarOrSchedule = float | jax.Array | Schedule
 class StatefulSchedule(Protocol):
   """A schedule that keeps a state (e.g. reads the loss through extra args).
 
-  ``inject_stateful_hyperparams`` calls ``init()`` once, then each step
+  ``inject_hyperparams`` calls ``init()`` once, then each step
   ``__call__(state, **extra_args)`` for the value and
   ``update(state, **extra_args)`` for the next state.
   """

@@ -8,9 +8,9 @@ from shardopt._src.base import Schedule
 from shardopt._src.base import StatefulSchedule
 from shardopt._src.wrappers.inject_hyperparams import inject_hyperparams
 from shardopt._src.wrappers.inject_hyperparams import InjectHyperparamsState
-from shardopt._src.wrappers.inject_stateful_hyperparams import inject_stateful_hyperparams
-from shardopt._src.wrappers.inject_stateful_hyperparams import InjectStatefulHyperparamsState
-from shardopt._src.wrappers.inject_stateful_hyperparams import WrappedSchedule
+from shardopt._src.wrappers.inject_hyperparams import inject_stateful_hyperparams
+from shardopt._src.wrappers.inject_hyperparams import InjectStatefulHyperparamsState
+from shardopt._src.wrappers.inject_hyperparams import WrappedSchedule
 
 from shardopt.schedules._decay import constant_schedule
 from shardopt.schedules._decay import cosine_decay_schedule

@@ -2,11 +2,16 @@
 
 ``inject_hyperparams(shardopt.adam)(learning_rate=schedule, b1=0.9)`` builds an
 optimizer whose numeric hyperparameters live in ``state.hyperparams``: a
-schedule is evaluated at the step count before every update, and a constant
-can be overwritten by the user between steps
-(``state.hyperparams['b1'] = 0.8``). The hyperparameters are scalars, so their
-derived shardings replicate, and they are checkpointed with the rest of the
-state.
+schedule is evaluated before every update, and a constant can be overwritten
+by the user between steps (``state.hyperparams['b1'] = 0.8``). A schedule is
+either plain (``count -> value``, wrapped in ``WrappedSchedule``) or stateful
+(``base.StatefulSchedule``: ``init``, ``update(state, **extra_args)``,
+``__call__(state, **extra_args)``, e.g. reading the loss ``value``), its state
+kept in ``state.hyperparams_states``. As in optax 0.2.8, the state is an
+``InjectStatefulHyperparamsState`` and ``inject_stateful_hyperparams`` is a
+deprecated alias. Hyperparameters and schedule states are scalars or small
+trees, so their derived shardings replicate; they are checkpointed with the
+rest of the state.
 """
 
 import functools
@@ -15,6 +20,7 @@ from typing import Any
 from typing import Callable
 from typing import Iterable
 from typing import NamedTuple
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -25,23 +31,60 @@ from shardopt._src import numerics
 
 __all__ = [
     "InjectHyperparamsState",
-    "as_hyperparam",
-    "factory_signature",
-    "highest_float_dtype",
+    "InjectStatefulHyperparamsState",
+    "WrappedSchedule",
+    "WrappedScheduleState",
     "inject_hyperparams",
-    "split_arguments",
+    "inject_stateful_hyperparams",
 ]
 
 
 class InjectHyperparamsState(NamedTuple):
-  """Step count, current hyperparameter values and the inner state."""
+  """optax's pre-0.1.9 state (count, hyperparameters, inner state), kept as a
+  public name as optax 0.2.8 keeps it; ``inject_hyperparams`` returns an
+  ``InjectStatefulHyperparamsState``."""
 
   count: jax.Array
   hyperparams: dict[str, jax.Array]
   inner_state: base.OptState
 
 
-def highest_float_dtype(params: Any):
+class InjectStatefulHyperparamsState(NamedTuple):
+  """Step count, current hyperparameters, the schedules' states and the
+  inner state."""
+
+  count: jax.Array
+  hyperparams: dict[str, Any]
+  hyperparams_states: dict[str, Any]
+  inner_state: base.OptState
+
+
+class WrappedScheduleState(NamedTuple):
+  """The step count of a wrapped plain schedule."""
+
+  count: jax.Array
+
+
+class WrappedSchedule:
+  """A plain schedule ``count -> value`` as a stateful schedule."""
+
+  def __init__(self, schedule_fn: base.Schedule):
+    self.schedule_fn = schedule_fn
+
+  def init(self) -> WrappedScheduleState:
+    return WrappedScheduleState(count=jnp.zeros([], jnp.int32))
+
+  def update(self, state: WrappedScheduleState, **extra_args
+             ) -> WrappedScheduleState:
+    del extra_args
+    return WrappedScheduleState(count=numerics.safe_increment(state.count))
+
+  def __call__(self, state: WrappedScheduleState, **extra_args):
+    del extra_args
+    return self.schedule_fn(state.count)
+
+
+def _highest_float_dtype(params: Any):
   """The widest floating dtype among the params (float32 when there is none)."""
   dtypes = [
       jnp.asarray(x).dtype
@@ -53,23 +96,28 @@ def highest_float_dtype(params: Any):
   return functools.reduce(jnp.promote_types, dtypes)
 
 
-def as_hyperparam(value, dtype) -> jax.Array:
-  """Floats (and weakly typed arrays) in ``dtype``; strong dtypes unchanged."""
-  if isinstance(value, jax.Array) and not value.weak_type:
+def _as_hyperparam(value, dtype):
+  """Floats (and weakly typed float arrays) in ``dtype``; everything else
+  (strong dtypes, integers, PRNG keys) unchanged."""
+  if isinstance(value, jax.Array) and not getattr(value, "weak_type", False):
     return value
-  if jnp.issubdtype(jnp.asarray(value).dtype, jnp.floating):
+  value_dtype = value.dtype if hasattr(value, "dtype") else type(value)
+  if jnp.issubdtype(value_dtype, jnp.floating):
     return jnp.asarray(value, dtype)
-  return jnp.asarray(value)
+  return value
 
 
-def split_arguments(bound: inspect.BoundArguments, static_args: set[str]):
-  """Sorts the factory's arguments into schedules, numbers and the rest."""
+def _split_arguments(bound: inspect.BoundArguments, static_args: set[str]):
+  """Sorts the factory's arguments into schedules (stateful, or plain ones
+  wrapped), numbers (arrays and PRNG keys included) and the rest."""
   schedules, numbers, others = {}, {}, {}
   for name, value in bound.arguments.items():
     if name in static_args or isinstance(value, bool):
       others[name] = value
-    elif callable(value):
+    elif isinstance(value, base.StatefulSchedule):
       schedules[name] = value
+    elif callable(value):
+      schedules[name] = WrappedSchedule(value)
     elif isinstance(value, (int, float, np.ndarray, jax.Array)):
       numbers[name] = value
     else:
@@ -77,8 +125,8 @@ def split_arguments(bound: inspect.BoundArguments, static_args: set[str]):
   return schedules, numbers, others
 
 
-def factory_signature(inner_factory, static_args: str | Iterable[str]
-                      ) -> tuple[inspect.Signature, set[str]]:
+def _factory_signature(inner_factory, static_args: str | Iterable[str]
+                       ) -> tuple[inspect.Signature, set[str]]:
   """``inner_factory``'s signature and the static argument names as a set,
   checked to be parameters of it."""
   static_args = {static_args} if isinstance(static_args, str) else set(static_args)
@@ -102,8 +150,9 @@ def inject_hyperparams(
 
   The returned factory builds a transformation whose state holds the
   hyperparameters (``state.hyperparams``): numbers can be changed between
-  steps, and a schedule given for any numeric argument is evaluated at the
-  step count before each update.
+  steps, and any numeric argument may be a schedule instead. Each update
+  evaluates every schedule on its current state (and the update's extra
+  arguments), then advances that state; a plain schedule sees the step count.
 
   Args:
     inner_factory: builds the inner transformation from hyperparameters,
@@ -116,47 +165,68 @@ def inject_hyperparams(
 
   Returns:
     A factory with ``inner_factory``'s signature that accepts a schedule
-    (``count -> value``) wherever a number is expected and returns a
-    ``GradientTransformationExtraArgs`` whose state is an
-    ``InjectHyperparamsState``.
+    (``count -> value``) or a ``StatefulSchedule`` wherever a number is
+    expected and returns a ``GradientTransformationExtraArgs`` whose state is
+    an ``InjectStatefulHyperparamsState``.
 
   References:
     optax's ``inject_hyperparams``.
   """
-  signature, static_args = factory_signature(inner_factory, static_args)
+  signature, static_args = _factory_signature(inner_factory, static_args)
 
   @functools.wraps(inner_factory)
   def factory(*args, **kwargs) -> base.GradientTransformationExtraArgs:
     bound = signature.bind(*args, **kwargs)
     bound.apply_defaults()
-    schedules, numbers, others = split_arguments(bound, static_args)
-
-    def current_hyperparams(stored, count, dtype):
-      values = {k: as_hyperparam(v, dtype) for k, v in stored.items()}
-      values.update(
-          {k: as_hyperparam(f(count), dtype) for k, f in schedules.items()}
-      )
-      return values
+    schedules, numbers, others = _split_arguments(bound, static_args)
 
     def init_fn(params):
-      count = jnp.zeros([], jnp.int32)
-      dtype = hyperparam_dtype or highest_float_dtype(params)
-      hyperparams = current_hyperparams(numbers, count, dtype)
+      dtype = hyperparam_dtype or _highest_float_dtype(params)
+      hyperparams = {k: jnp.asarray(_as_hyperparam(v, dtype)) for k, v in numbers.items()}
+      states = {k: f.init() for k, f in schedules.items()}
+      hyperparams.update({k: _as_hyperparam(f(states[k]), dtype) for k, f in schedules.items()})
       inner = inner_factory(**others, **hyperparams)
-      return InjectHyperparamsState(count, hyperparams, inner.init(params))
+      return InjectStatefulHyperparamsState(
+          jnp.zeros([], jnp.int32), hyperparams, states, inner.init(params))
 
     def update_fn(updates, state, params=None, **extra_args):
-      dtype = hyperparam_dtype or highest_float_dtype(params)
-      numeric_now = {k: v for k, v in state.hyperparams.items() if k not in schedules}
-      hyperparams = current_hyperparams(numeric_now, state.count, dtype)
+      dtype = hyperparam_dtype or _highest_float_dtype(params)
+      hyperparams = {k: _as_hyperparam(v, dtype) for k, v in state.hyperparams.items()}
+      hyperparams.update({
+          k: _as_hyperparam(f(state.hyperparams_states[k], **extra_args), dtype)
+          for k, f in schedules.items()})
+      states = {k: f.update(state.hyperparams_states[k], **extra_args)
+                for k, f in schedules.items()}
       inner = base.with_extra_args_support(inner_factory(**others, **hyperparams))
-      updates, inner_state = inner.update(
-          updates, state.inner_state, params, **extra_args
-      )
-      return updates, InjectHyperparamsState(
-          numerics.safe_increment(state.count), hyperparams, inner_state
-      )
+      updates, inner_state = inner.update(updates, state.inner_state, params, **extra_args)
+      return updates, InjectStatefulHyperparamsState(
+          numerics.safe_increment(state.count), hyperparams, states, inner_state)
 
     return base.GradientTransformationExtraArgs(init_fn, update_fn)
 
   return factory
+
+
+def inject_stateful_hyperparams(
+    inner_factory: Callable[..., base.GradientTransformation],
+    static_args: str | Iterable[str] = (),
+    hyperparam_dtype=None,
+) -> Callable[..., base.GradientTransformationExtraArgs]:
+  """Deprecated (as in optax since 0.1.9): ``inject_hyperparams`` takes
+  stateful schedules.
+
+  Args:
+    inner_factory: as for ``inject_hyperparams``.
+    static_args: as for ``inject_hyperparams``.
+    hyperparam_dtype: as for ``inject_hyperparams``.
+
+  Returns:
+    ``inject_hyperparams(inner_factory, static_args, hyperparam_dtype)``,
+    after a ``DeprecationWarning``.
+
+  References:
+    optax's ``inject_stateful_hyperparams``.
+  """
+  warnings.warn("inject_stateful_hyperparams is deprecated, use inject_hyperparams instead",
+                DeprecationWarning, stacklevel=2)
+  return inject_hyperparams(inner_factory, static_args, hyperparam_dtype)
