@@ -58,3 +58,31 @@ def test_gives_mirrors_their_params_sharding():
   assert adam_state.count == replicated
   placed = jax.device_put(state, mapped)
   assert placed[0].mu["w"].sharding == shardings["w"]
+
+
+def test_masked_state_maps_as_in_optax():
+  params = {"a": (jnp.zeros((1, 2)), jnp.zeros((2, 2))),
+            "c": {"d": jnp.zeros((1, 2)), "e": (jnp.zeros((1, 2)), jnp.zeros((1, 2)))}}
+  mask = {"a": (True, False), "c": {"d": True, "e": (False, True)}}
+  axes = {"a": (1, 2), "c": {"d": 1, "e": (1, 2)}}
+
+  def mapped(lib):
+    inner = lib.GradientTransformation(
+        lambda p: {"count": jnp.ones([]), "params": p, "copy": p}, lambda u, s, p=None: (u, s))
+    tx = lib.masked(inner, mask)
+    state = tx.init(params)
+    grown = lib.tree.map_params(tx, lambda v: v + 1 if v.shape[0] == 1 else v, state)
+    named = lib.tree.map_params(
+        tx, lambda p, axis: None if isinstance(p, lib.MaskedNode) else axis, state, axes,
+        is_leaf=lambda v: isinstance(v, lib.MaskedNode), transform_non_params=lambda v: None)
+    return grown, named, tx.init(jax.tree.map(lambda v: v + 1 if v.shape[0] == 1 else v,
+                                              params))
+
+  ours, theirs = mapped(shardopt), mapped(optax)
+  for g, w in zip(jax.tree.leaves(ours[0]), jax.tree.leaves(theirs[0]), strict=True):
+    np.testing.assert_array_equal(g, w)
+  oracle.assert_trees_close(ours[0], ours[2], rtol=0, atol=0)  # as init on mapped params
+  named = ours[1].inner_state
+  assert named["params"] == named["copy"] == {"a": (1, None), "c": {"d": 1, "e": (None, 2)}}
+  assert named["count"] is None
+  assert jax.tree.structure(ours[1]).num_leaves == jax.tree.structure(theirs[1]).num_leaves

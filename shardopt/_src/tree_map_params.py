@@ -17,6 +17,7 @@ import jax
 from shardopt._src import base
 
 __all__ = [
+    "is_params_stand_in",
     "tree_map_params",
 ]
 
@@ -34,7 +35,10 @@ class _ParamsStandIn:
     return cls()
 
 
-def _is_stand_in(x) -> bool:
+def is_params_stand_in(x) -> bool:
+  """Whether ``x`` is the stand-in that ``tree_map_params`` passes to
+  ``init``: a wrapper whose ``init`` reads the params' structure (``masked``)
+  hands it on to its inner ``init`` unread."""
   return isinstance(x, _ParamsStandIn)
 
 
@@ -75,10 +79,10 @@ def tree_map_params(
   layout = init(_ParamsStandIn())
 
   def map_part(part, value):
-    if _is_stand_in(part):
+    if is_params_stand_in(part):
       return jax.tree.map(f, value, *rest, is_leaf=is_leaf)
     if transform_non_params is not None:
       return transform_non_params(value)
     return value
 
-  return jax.tree.map(map_part, layout, state, is_leaf=_is_stand_in)
+  return jax.tree.map(map_part, layout, state, is_leaf=is_params_stand_in)

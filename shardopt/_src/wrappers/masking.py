@@ -16,6 +16,7 @@ from jax.tree_util import keystr
 from jax.tree_util import tree_flatten_with_path
 
 from shardopt._src import base
+from shardopt._src import tree_map_params
 
 __all__ = [
     "Mask",
@@ -127,6 +128,8 @@ def masked(
   inner = base.with_extra_args_support(inner)
 
   def init_fn(params):
+    if tree_map_params.is_params_stand_in(params):  # no structure to mask
+      return MaskedState(inner_state=inner.init(params))
     mask_tree = resolve_mask(mask, params)
     return MaskedState(inner_state=inner.init(apply_mask(params, mask_tree)))
 
