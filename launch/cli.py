@@ -1,18 +1,23 @@
 """Command line of the main job. Importing this module does not import jax, so
 the job can set XLA_FLAGS (simulated CPU devices) from the arguments first.
 
-``parse_args`` checks every argument that can be checked without devices
-(``check_args``); the mesh and what depends on it are checked by the job
-before it creates anything. A bad argument is a ``UsageError``: ``train.main``
-prints it as one ``error: ...`` line and exits 2.
+``parse_args`` reads the command line alone; ``launch.flags.resolve`` (what
+the job runs) adds ``--config FILE`` and, with ``--resume``, the run's saved
+flags. Both check every argument that can be checked without devices
+(``check_args``) and fill the defaults that depend on other flags
+(``finish``: --lr per optimizer, --schedule-steps); the mesh and what depends
+on it are checked by the job before it creates anything. A bad argument is a
+``UsageError``: ``train.main`` prints it as one ``error: ...`` line and exits 2.
 """
 
 import argparse
 import math
 import os
 
-__all__ = ["NonFiniteError", "UsageError", "check_args", "parse_args", "set_cpu_devices",
-           "several_processes"]
+from launch import defaults
+
+__all__ = ["NonFiniteError", "UsageError", "check_args", "explicit_flags", "finish",
+           "parse_args", "set_cpu_devices", "several_processes", "step_range"]
 
 
 class UsageError(Exception):
@@ -37,6 +42,24 @@ def _key_value(text: str) -> tuple[str, float]:
   return key, float(value)
 
 
+def step_range(text: str) -> tuple[int, int]:
+  """``A:B`` (steps counted from 1, A <= B) as (A, B)."""
+  first, colon, last = text.partition(":")
+  try:
+    first, last = int(first), int(last)
+  except ValueError:
+    first = last = None
+  if not colon or first is None or not 1 <= first <= last:
+    raise argparse.ArgumentTypeError(f"{text!r} is not FIRST:LAST with 1 <= FIRST <= LAST"
+                                     " (e.g. 5:7)")
+  return first, last
+
+
+def _step_range(text: str) -> str:
+  first, last = step_range(text)
+  return f"{first}:{last}"
+
+
 def _add_layout(p) -> None:
   g = p.add_argument_group("layout")
   g.add_argument("--mesh", default="data=4,model=2",
@@ -53,7 +76,9 @@ def _add_layout(p) -> None:
 def _add_optimizer(p) -> None:
   g = p.add_argument_group("optimizer")
   g.add_argument("--optimizer", default="adamw", help="a shardopt alias (see launch/optim.py)")
-  g.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
+  g.add_argument("--lr", type=float, default=None,
+                 help="peak learning rate; default per optimizer, the best of"
+                 f" {defaults.SOURCE}: {defaults.describe()}")
   for name in ("b1", "b2", "eps", "weight_decay", "momentum"):
     g.add_argument("--" + name.replace("_", "-"), type=float, default=None,
                    help="passed to the optimizer if given (its default otherwise)")
@@ -108,7 +133,20 @@ def _add_outputs(p) -> None:
                  help="continue from the newest valid checkpoint (an error if there is"
                  " none); '--resume auto' starts fresh when there is none (cluster"
                  " scripts that resubmit one command)")
-  g.add_argument("--log-every", type=int, default=10)
+  g.add_argument("--log-every", type=int, default=10,
+                 help="fetch the losses and norms, write metrics, every N steps")
+  g.add_argument("--eval-every", type=int, default=50,
+                 help="loss on the held-out slice of the corpus every N steps and at the"
+                 " last step; 0: never")
+  g.add_argument("--eval-batches", type=int, default=8,
+                 help="held-out batches per evaluation (at most what the slice holds)")
+  g.add_argument("--sample-every", type=int, default=0,
+                 help="print a greedy sample of the model every N steps; 0: only at the end")
+  g.add_argument("--profile-steps", type=_step_range, default=None, metavar="FIRST:LAST",
+                 help="write a jax.profiler trace of these steps into OUT/plugins/profile")
+  g.add_argument("--peak-tflops", type=float, default=None,
+                 help="peak TFLOP/s per device for the MFU; default the vendor's bfloat16"
+                 " figure of known accelerators, on CPU a measured estimate")
   g.add_argument("--debug", action="store_true", help="show tracebacks of errors")
 
 
@@ -140,9 +178,19 @@ def parser() -> argparse.ArgumentParser:
       " signal, checkpoint saved), 2 bad arguments or run folder, 3 non-finite"
       " loss or state.",
       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-  for add in (_add_layout, _add_optimizer, _add_model_and_data, _add_outputs, _add_processes):
+  for add in (_add_layout, _add_optimizer, _add_model_and_data, _add_outputs, _add_processes,
+              _add_config):
     add(p)
   return p
+
+
+def _add_config(p) -> None:
+  g = p.add_argument_group("configuration")
+  g.add_argument("--config", default=None, metavar="FILE",
+                 help="read flags from a TOML or JSON file (keys are the flag names, e.g."
+                 " lr = 0.01); flags on the command line win")
+  g.add_argument("--print-config", action="store_true",
+                 help="print the resolved flags as TOML (a --config file) and exit")
 
 
 # Checks ------------------------------------------------------------------
@@ -152,6 +200,7 @@ _AT_LEAST = {  # flag: smallest value
     "head_dim": 1, "mlp": 1, "warmup_steps": 0, "checkpoint_every": 0,
     "keep_checkpoints": 1, "log_every": 1, "cpu_devices": 0, "schedule_steps": 1,
     "init_timeout": 1, "heartbeat_timeout": 1, "num_processes": 1, "process_id": 0,
+    "eval_every": 0, "eval_batches": 1, "sample_every": 0,
 }
 
 
@@ -164,8 +213,10 @@ def _check_numbers(args: argparse.Namespace) -> None:
     value = getattr(args, name)
     if value is not None and value < low:
       raise UsageError(f"{_flag(name)} {value}: must be at least {low}")
-  if not (math.isfinite(args.lr) and args.lr > 0):
-    raise UsageError(f"--lr {args.lr}: the learning rate must be a finite number > 0")
+  for name in ("lr", "peak_tflops"):
+    value = getattr(args, name)
+    if value is not None and not (math.isfinite(value) and value > 0):
+      raise UsageError(f"{_flag(name)} {value}: must be a finite number > 0")
   for name in ("clip_norm", "final_lr_ratio"):
     value = getattr(args, name)
     if not (math.isfinite(value) and value >= 0):
@@ -210,13 +261,32 @@ def check_args(args: argparse.Namespace) -> None:
   _check_paths(args)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-  """The checked arguments; ``schedule_steps`` defaults to ``steps``."""
-  args = parser().parse_args(argv)
+def explicit_flags(argv: list[str]) -> dict:
+  """The flags ``argv`` gives (by their names in the namespace), without defaults."""
+  p = parser()
+  for action in p._actions:  # pylint: disable=protected-access
+    action.default = argparse.SUPPRESS
+  return vars(p.parse_args(argv))
+
+
+def finish(values: dict) -> argparse.Namespace:
+  """The checked arguments: the parser's defaults updated by ``values``; --lr
+  defaults to the optimizer's (``defaults.learning_rate``), --schedule-steps
+  to --steps."""
+  args = parser().parse_args([])
+  vars(args).update(values)
   check_args(args)
+  if args.lr is None:
+    args.lr = defaults.learning_rate(args.optimizer)
   if args.schedule_steps is None:
     args.schedule_steps = args.steps
   return args
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  """The checked arguments of the command line alone (no --config file, no
+  saved flags: see ``launch.flags.resolve``)."""
+  return finish(explicit_flags(argv))
 
 
 def set_cpu_devices(count: int) -> None:

@@ -6,8 +6,12 @@ params by a partition-rule preset and the optimizer state by shardopt's derived
 shardings (ZeRO over the data axis on request), all checked before the run
 folder is settled and created (launch/validation.py, launch/run_folder.py);
 restore the newest intact checkpoint on --resume after comparing the saved
-flags (launch/resume.py), then train with deterministic batches,
-checkpointing every --checkpoint-every steps (never a non-finite state).
+flags (launch/resume.py), then train with deterministic batches of the
+training slice of the corpus, checkpointing every --checkpoint-every steps
+(never a non-finite state). Every --eval-every steps the loss on the held-out
+slice is computed, every --sample-every steps (and at the end) a greedy
+sample is printed; each step's loss and norms are fetched every --log-every
+steps and written with the step time, tokens/s and MFU (launch/metrics.py).
 SIGTERM/SIGINT stop it cleanly: every process agrees on the step to stop at,
 the checkpoint in flight is finished, the current state is saved and the job
 exits 0.
@@ -16,18 +20,21 @@ exits 0.
 import argparse
 import pathlib
 import signal
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import checkpoints
 import partitioning
 import shardopt
-from launch import data, report, resume, run_config, run_folder
+from launch import cli, data, defaults, metrics, report, resume, run_config, run_folder
+from launch import steps, throughput
 from launch.model import ModelConfig, Transformer, next_token_loss
+from launch.profile import ProfileWindow
 from launch.optim import build_schedule, with_state_bits
 from launch.validation import NonFiniteGuard, as_usage_error, checked_mesh, checked_optimizer
 
@@ -107,29 +114,12 @@ def _describe(args, mesh, rules, specs, abstract, state) -> None:
   _say(f"processes: {jax.process_count()}  devices: {jax.device_count()}"
        f" ({jax.local_device_count()} local, {jax.devices()[0].platform})",
        f"mesh: {dict(mesh.shape)}",
-       f"optimizer: {args.optimizer}  schedule: {args.schedule}  ZeRO: {args.zero}",
+       f"optimizer: {args.optimizer}  lr: {args.lr:g} (default for {args.optimizer}:"
+       f" {defaults.learning_rate(args.optimizer):g}, {defaults.SOURCE})"
+       f"  schedule: {args.schedule}  ZeRO: {args.zero}",
        "", f"partition rules (preset {args.rules!r}):",
        partitioning.rule_table(rules, abstract, specs),
        "", "per-device memory plan:", plan.table(), "")
-
-
-def _log(pending, schedule, progress, metrics_path, guard) -> None:
-  """Fetches the losses of the steps since the last log (one host sync for
-  all of them) and writes one metrics record per step; a non-finite loss
-  stops the job there (``guard``)."""
-  if not pending:
-    return
-  fetched = jax.device_get([entry[1:] for entry in pending])
-  speed = progress.tokens_per_s(pending[-1][0])
-  for (step, *_), (loss, *extra) in zip(pending, fetched):
-    loss, lr = float(loss), float(schedule(step - 1))
-    fields = guard.fields(step, loss, extra)
-    if jax.process_index() == 0:
-      report.append_metrics(metrics_path, {"step": step, "loss": loss, "lr": lr,
-                                           "tokens_per_s": speed, "time": time.time(),
-                                           **fields})
-    progress.show(step, loss, lr, speed)
-  pending.clear()
 
 
 def _initial_state(args, model, abstract, opt, abstract_state, manager, resumed, config):
@@ -165,6 +155,118 @@ def _save(manager, step, params, opt_state, meta, guard) -> int:
   return step
 
 
+class _HeldOut:
+  """The loss on the held-out slice (one jitted program) and greedy samples
+  whose prompt is the start of that slice."""
+
+  def __init__(self, args, mesh, model, param_shardings, held_out):
+    """Raises a UsageError naming --batch and --seq-len when the held-out slice
+    holds no batch (checked before anything is created)."""
+    self.held_out_bytes = held_out.size
+    self.batches = None
+    if args.eval_every:
+      with as_usage_error(f"--batch {args.batch} --seq-len {args.seq_len}"):
+        batches = data.eval_batches(held_out, args.eval_batches, args.batch, args.seq_len)
+      self.batches = data.sharded_eval_batches(batches, mesh)
+    loss_fn = lambda p, tokens: next_token_loss(model, p, tokens)
+    self._loss = steps.eval_loss(loss_fn, param_shardings,
+                                 NamedSharding(mesh, P(None, "data", None)))
+    window = args.seq_len - 1
+    self.prompt_len = window // 2
+    self._prompt = np.zeros((1, window), np.int32)
+    self._prompt[0, :self.prompt_len] = held_out[:self.prompt_len]
+    self._sample = steps.greedy_sample(model, param_shardings, self.prompt_len)
+
+  def describe(self, args) -> str:
+    return (f"held-out: the last {self.held_out_bytes} bytes of {data.CORPUS_PATH.name}, never"
+            f" trained on; {self.batches.shape[0]} batches of {args.batch} x {args.seq_len}"
+            f" bytes every {args.eval_every} steps and at the last" if args.eval_every else
+            "held-out loss: off (--eval-every 0)")
+
+  def loss(self, params) -> float:
+    return float(self._loss(params, self.batches))
+
+  def sample(self, params, step: int, path: pathlib.Path) -> None:
+    """Prints the greedy continuation of the prompt and appends it to ``path``."""
+    tokens = np.asarray(jax.device_get(self._sample(params, self._prompt)))[0]
+    text = lambda t: bytes(t.astype(np.uint8).tolist()).decode("utf-8", errors="replace")
+    prompt, continuation = text(tokens[:self.prompt_len]), text(tokens[self.prompt_len:])
+    _say(f"sample at step {step} (greedy): {prompt!r} -> {continuation!r}")
+    if jax.process_index() == 0:
+      report.append_metrics(path, {"step": step, "prompt": prompt,
+                                   "continuation": continuation})
+
+
+def _due(every: int, step: int, last: int) -> bool:
+  return bool(every) and (step % every == 0 or step == last)
+
+
+def _train(args, mesh, model, opt, evaluation, initial, manager, guard, config):
+  """Trains from ``initial`` (params, optimizer state, step) to --steps or a
+  stop signal; returns (the last step, the signal that stopped it or None)."""
+  params, opt_state, start = initial
+  meta = {"seed": args.seed, "optimizer": args.optimizer, "mesh": dict(mesh.shape),
+          "config": config}
+  out, is_main = pathlib.Path(args.out), jax.process_index() == 0
+  loss_fn = lambda p, tokens: next_token_loss(model, p, tokens)
+  corpus = data.split(data.load_corpus())[0]
+  batch = lambda step: data.sharded_batch(corpus, args.seed, step, args.batch, args.seq_len,
+                                          mesh)
+  train_step, flops = throughput.compile_step(
+      steps.train_step(opt, loss_fn, NamedSharding(mesh, P("data", None))),
+      params, opt_state, batch(start))
+  peak = throughput.peak_flops(args.peak_tflops)
+  _say(evaluation.describe(args),
+       f"FLOPs per step: {flops / 1e9:.3g} GFLOP (XLA's cost analysis of the compiled step,"
+       f" {jax.device_count()} devices); MFU against a peak of {peak.source}" if flops else
+       "FLOPs per step: not reported by XLA (no MFU)", "")
+  if is_main:
+    report.truncate_metrics(out / "metrics.jsonl", start)
+    report.truncate_metrics(out / "samples.jsonl", start)
+  log = metrics.MetricsLog(out, build_schedule(args), args.batch * (args.seq_len - 1), flops,
+                           peak, report.Progress(args.steps, args.log_every, quiet=not is_main),
+                           guard, start, is_main)
+  profile = ProfileWindow(cli.step_range(args.profile_steps) if args.profile_steps else None,
+                          out, _say)
+  stop, step, saved, sampled, pending = StopRequest(), start, start, None, []
+  window = throughput.Window()
+  try:
+    window.start(step)
+    while step < args.steps and not stop.agreed():
+      profile.before(step + 1)
+      params, opt_state, stats = train_step(params, opt_state, batch(step))
+      step += 1
+      profile.after(step, stats)
+      pending.append((step, stats, *guard.per_step(opt_state)))
+      checkpoint = args.checkpoint_every and step % args.checkpoint_every == 0
+      evaluate = _due(args.eval_every, step, args.steps)
+      sample = _due(args.sample_every, step, args.steps)
+      if step % args.log_every == 0 or checkpoint or evaluate or sample:
+        records = log.fetch(pending, window, step)
+        if evaluate:
+          records[-1]["eval_loss"] = evaluation.loss(params)
+        log.write(records)
+        if sample:
+          evaluation.sample(params, step, out / "samples.jsonl")
+          sampled = step
+        if checkpoint:
+          saved = _save(manager, step, params, opt_state, meta, guard)
+        window.start(step)
+      elif len(pending) % _MAX_STEPS_IN_FLIGHT == 0:
+        jax.block_until_ready(stats)  # a wait, not a fetch: bounds the queue of steps
+    log.write(log.fetch(pending, window, step))
+    profile.stop(step)
+    if sampled != step and step > start:
+      evaluation.sample(params, step, out / "samples.jsonl")
+    if saved != step:
+      _save(manager, step, params, opt_state, meta, guard)
+    manager.wait_until_finished()
+  finally:
+    stop.restore()
+    log.close()
+  return step, stop.signum
+
+
 def run(args: argparse.Namespace) -> int:
   init_distributed(args)
   mesh = checked_mesh(args)
@@ -173,6 +275,8 @@ def run(args: argparse.Namespace) -> int:
     rules, specs, abstract, opt = _layout(args, mesh, model, tx)
   abstract_state = partitioning.abstract_params(
       jax.eval_shape(opt.tx.init, abstract), opt.state_shardings)
+  evaluation = _HeldOut(args, mesh, model, opt.param_shardings,
+                        data.split(data.load_corpus())[1])
   resumed, note = run_folder.prepare(args, is_main=jax.process_index() == 0)
   if note:
     _say(note)
@@ -192,43 +296,18 @@ def run(args: argparse.Namespace) -> int:
     manager.close()
     manager = _open_manager(args)
   guard.resume_from(opt_state)
-  train_step = opt.train_step(lambda p, tokens: next_token_loss(model, p, tokens))
-  corpus, schedule = data.load_corpus(), build_schedule(args)
-  metrics_path = out / "metrics.jsonl"
-  progress = report.Progress(args.steps, args.batch * (args.seq_len - 1), args.log_every,
-                             quiet=jax.process_index() != 0)
-  if jax.process_index() == 0:
-    report.truncate_metrics(metrics_path, start)
-  meta = {"seed": args.seed, "optimizer": args.optimizer, "mesh": dict(mesh.shape),
-          "config": config}
-  stop, step, saved, pending = StopRequest(), start, start, []
   try:
-    while step < args.steps and not stop.agreed():
-      tokens = data.sharded_batch(corpus, args.seed, step, args.batch, args.seq_len, mesh)
-      params, opt_state, loss = train_step(params, opt_state, tokens)
-      step += 1
-      # fetched every --log-every steps, not per step
-      pending.append((step, loss, *guard.per_step(opt_state)))
-      checkpoint = args.checkpoint_every and step % args.checkpoint_every == 0
-      if step % args.log_every == 0 or checkpoint:
-        _log(pending, schedule, progress, metrics_path, guard)
-      elif len(pending) % _MAX_STEPS_IN_FLIGHT == 0:
-        jax.block_until_ready(loss)  # a wait, not a fetch: bounds the queue of steps
-      if checkpoint:
-        saved = _save(manager, step, params, opt_state, meta, guard)
-    _log(pending, schedule, progress, metrics_path, guard)
-    if saved != step:
-      _save(manager, step, params, opt_state, meta, guard)
-    manager.wait_until_finished()
+    step, stopped = _train(args, mesh, model, opt, evaluation, (params, opt_state, start),
+                           manager, guard, config)
   finally:
-    stop.restore()
     manager.close()
+  metrics_path = out / "metrics.jsonl"
   if jax.process_index() == 0 and metrics_path.exists():
-    report.plot_losses(metrics_path, out / "loss.png")
-  if stop.signum is not None:
-    _say(f"stopped by signal {stop.signum} after step {step}; checkpoint saved:"
+    report.plot_losses(metrics_path, out / "loss.png", run_config.title(out.name, config))
+  if stopped is not None:
+    _say(f"stopped by signal {stopped} after step {step}; checkpoint saved:"
          " run again with --resume to continue")
   else:
     _say(f"done: {step} steps; metrics {metrics_path}, curve {out / 'loss.png'},"
-         f" checkpoints {args.checkpoint_dir}")
+         f" TensorBoard: tensorboard --logdir {out.parent}, checkpoints {args.checkpoint_dir}")
   return 0

@@ -24,7 +24,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-__all__ = ["ModelConfig", "Transformer", "next_token_loss"]
+__all__ = ["ModelConfig", "Transformer", "greedy_continue", "next_token_loss"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,3 +110,15 @@ def next_token_loss(model: Transformer, params, tokens: jax.Array) -> jax.Array:
   logp = jax.nn.log_softmax(logits.astype(jnp.float32))
   target = jax.nn.one_hot(tokens[:, 1:], model.cfg.vocab)
   return -jnp.mean(jnp.sum(logp * target, axis=-1))
+
+
+def greedy_continue(model: Transformer, params, tokens: jax.Array, start: int) -> jax.Array:
+  """``tokens`` (batch, length) with every position from ``start`` on replaced
+  by the model's most likely next byte, one position at a time (each step
+  reads the whole window; the causal mask keeps later positions out)."""
+
+  def next_byte(i, tokens):
+    logits = model.apply({"params": params}, tokens)
+    return tokens.at[:, i].set(jnp.argmax(logits[:, i - 1], axis=-1).astype(tokens.dtype))
+
+  return jax.lax.fori_loop(start, tokens.shape[1], next_byte, tokens)

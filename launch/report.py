@@ -5,7 +5,6 @@ import math
 import os
 import pathlib
 import sys
-import time
 
 __all__ = ["Progress", "append_metrics", "plot_losses", "read_metrics", "truncate_metrics"]
 
@@ -54,47 +53,78 @@ def truncate_metrics(path: pathlib.Path, last_step: int) -> None:
   os.replace(partial, path)
 
 
-def plot_losses(metrics_path: pathlib.Path, png_path: pathlib.Path) -> None:
-  """Writes the loss curve of every step in ``metrics_path`` to ``png_path``."""
+def _smoothed(values: list[float], weight: float = 0.9) -> list[float]:
+  """Exponential moving average, debiased as TensorBoard's (NaN skipped)."""
+  out, average, total = [], 0.0, 0.0
+  for value in values:
+    if math.isfinite(value):
+      average, total = weight * average + (1 - weight) * value, weight * total + (1 - weight)
+    out.append(average / total if total else math.nan)
+  return out
+
+
+def plot_losses(metrics_path: pathlib.Path, png_path: pathlib.Path, title: str = "") -> None:
+  """Writes the run's curves to ``png_path``: the training loss raw and
+  smoothed (EMA 0.9, about 10 steps) and the held-out loss on a log axis;
+  below it the learning rate on its own linear axis; ``title`` above."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+  import matplotlib.ticker
 
   records = read_metrics(metrics_path)
-  fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+  steps = [r["step"] for r in records]
   losses = [math.nan if r["loss"] is None else r["loss"] for r in records]
-  ax.plot([r["step"] for r in records], losses)
-  ax.set_xlabel("step")
+  evals = [(r["step"], r["eval_loss"]) for r in records if r.get("eval_loss") is not None]
+  fig, (ax, lr_ax) = plt.subplots(2, 1, sharex=True, figsize=(7, 4.8), dpi=100,
+                                  gridspec_kw={"height_ratios": (3, 1)})
+  ax.plot(steps, losses, color="tab:blue", alpha=0.3, linewidth=0.8, label="train (raw)")
+  ax.plot(steps, _smoothed(losses), color="tab:blue", label="train (smoothed)")
+  if evals:
+    ax.plot(*zip(*evals), "o-", color="tab:orange", markersize=4, label="held-out")
+  ax.set_yscale("log")
+  for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+    axis(matplotlib.ticker.FormatStrFormatter("%.3g"))
   ax.set_ylabel("loss (nats / byte)")
-  ax.set_title("training loss")
-  ax.grid(alpha=0.3)
+  ax.grid(alpha=0.3, which="both")
+  ax.legend(loc="upper right", fontsize=8)
+  lr_ax.plot(steps, [r.get("lr") for r in records], color="tab:green")
+  lr_ax.set_ylabel("learning rate")
+  lr_ax.set_xlabel("step")
+  lr_ax.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
+  lr_ax.grid(alpha=0.3)
+  fig.suptitle(title, fontsize=8)
   fig.tight_layout()
   fig.savefig(png_path)
   plt.close(fig)
 
 
+def _number(value, spec: str, unit: str = "", scale: float = 1) -> str:
+  return "-" if value is None else f"{value * scale:{spec}}{unit}"
+
+
 class Progress:
-  """One line per ``every`` steps: step, loss, learning rate, tokens/s."""
+  """One line per ``every`` steps (and at each held-out loss and the last
+  step): step, loss, held-out loss, learning rate, gradient norm, tokens/s,
+  step time and MFU."""
 
-  def __init__(self, total_steps: int, tokens_per_step: int, every: int,
-               stream=sys.stdout, quiet: bool = False):
-    self.total, self.tokens, self.every, self.stream, self.quiet = (
-        total_steps, tokens_per_step, every, stream, quiet)
-    self._t0, self._s0 = time.perf_counter(), None
+  def __init__(self, total_steps: int, every: int, stream=None, quiet: bool = False):
+    """``stream``: default the current ``sys.stdout``."""
+    self.total, self.every, self.stream, self.quiet = total_steps, every, stream, quiet
 
-  def tokens_per_s(self, step: int) -> float:
-    """Throughput since the first reported step (compile time excluded)."""
-    if self._s0 is None:
-      self._s0, self._t0 = step, time.perf_counter()
-      return 0.0
-    elapsed = time.perf_counter() - self._t0
-    return (step - self._s0) * self.tokens / max(elapsed, 1e-9)
-
-  def show(self, step: int, loss: float, lr: float, tokens_per_s: float) -> None:
-    if self.quiet or (step % self.every and step != self.total):
+  def show(self, record: dict) -> None:
+    step = record["step"]
+    evaluated = record.get("eval_loss") is not None
+    if self.quiet or (step % self.every and step != self.total and not evaluated):
       return
     width = 24
     done = int(width * step / self.total)
     bar = "#" * done + "." * (width - done)
-    print(f"[{bar}] step {step:>5}/{self.total}  loss {loss:7.4f}  lr {lr:.2e}"
-          f"  {tokens_per_s:9.0f} tok/s", file=self.stream, flush=True)
+    held_out = f"  eval {record['eval_loss']:7.4f}" if evaluated else ""
+    mfu = record.get("mfu")
+    print(f"[{bar}] step {step:>5}/{self.total}  loss {_number(record['loss'], '7.4f')}"
+          f"{held_out}  lr {record['lr']:.2e}  |g| {_number(record.get('grad_norm'), '.3g')}"
+          f"  {_number(record.get('tokens_per_s'), '9.0f')} tok/s"
+          f"  {_number(record.get('step_time'), '.1f', ' ms/step', scale=1e3)}"
+          f"  MFU {_number(None if mfu is None else 100 * mfu, '.2f', '%')}",
+          file=self.stream or sys.stdout, flush=True)

@@ -1,35 +1,58 @@
-"""The run's configuration, stored with every checkpoint and compared on resume.
+"""The run's configuration, stored with every checkpoint, taken back and compared
+on resume, and written or read as a --config file.
 
-Every flag is stored. On resume, a flag outside ``MAY_CHANGE`` must have the
-value it had when the checkpoint was written: the model, the data order, the
-optimizer and the learning-rate schedule (``--schedule-steps``, its horizon,
-included) define the run. The flags in ``MAY_CHANGE`` only say where and how
-the run is laid out, saved and reported (the mesh, the process count, ...), or
-how far it goes (``--steps``), and are printed when they differ.
-(``--skip-nonfinite`` wraps the optimizer, so its state, and must match.)
+Every flag is stored but those of one invocation (``INVOCATION``: --resume,
+--config, --print-config, --debug). A resume takes the saved flags back
+(``inherited``) but where this invocation runs (``NOT_INHERITED``: --out,
+--checkpoint-dir, the process and device flags); flags given again are
+compared: one outside ``MAY_CHANGE`` must have the value it had when the
+checkpoint was written: the model, the data order, the optimizer and the
+learning-rate schedule (``--schedule-steps``, its horizon, included) define
+the run. The flags in ``MAY_CHANGE`` only say where and how the run is laid
+out, saved and reported (the mesh, the process count, ...), or how far it goes
+(``--steps``), and are printed when they differ. (``--skip-nonfinite`` wraps
+the optimizer, so its state, and must match.)
 """
 
 import argparse
 import json
+import pathlib
+import tomllib
+
+from etils import epath
 
 from launch import cli
+from launch import run_folder
 
-__all__ = ["MAY_CHANGE", "compare", "config_of", "describe_changes"]
+__all__ = ["INVOCATION", "MAY_CHANGE", "NOT_INHERITED", "compare", "config_of",
+           "describe_changes", "flags_of", "inherited", "read_file", "saved_config", "title",
+           "to_toml"]
+
+INVOCATION = frozenset({"resume", "config", "print_config", "debug"})
+NOT_INHERITED = frozenset({  # where this invocation runs: the paths, the processes and devices
+    "out", "checkpoint_dir", "cpu_devices", "coordinator", "num_processes", "process_id",
+    "auto_distributed", "init_timeout", "heartbeat_timeout"})
 
 MAY_CHANGE = frozenset({
     "steps", "mesh", "rules", "zero", "out", "checkpoint_dir", "checkpoint_every",
-    "keep_checkpoints", "log_every", "resume", "debug", "cpu_devices",
+    "keep_checkpoints", "log_every", "cpu_devices",
     "coordinator", "num_processes", "process_id", "auto_distributed", "init_timeout",
-    "heartbeat_timeout", "process_count", "device_count",
+    "heartbeat_timeout", "process_count", "device_count", "eval_every", "eval_batches",
+    "sample_every", "profile_steps", "peak_tflops",
 })
 
 
+def flags_of(args: argparse.Namespace) -> dict:
+  """The run's flags (all but ``INVOCATION``) as JSON values."""
+  return json.loads(json.dumps({k: v for k, v in vars(args).items() if k not in INVOCATION}))
+
+
 def config_of(args: argparse.Namespace, process_count: int, device_count: int) -> dict:
-  """Every flag as JSON values, plus the process and device counts.
+  """The run's flags (``flags_of``) plus the process and device counts.
 
   A constant schedule has no horizon, so its ``schedule_steps`` is None.
   """
-  config = json.loads(json.dumps(vars(args)))
+  config = flags_of(args)
   if args.schedule == "constant":
     config["schedule_steps"] = None
   config.update(process_count=process_count, device_count=device_count)
@@ -65,9 +88,112 @@ def _show(value) -> str:
 
 def describe_changes(refused: list[str], where: str) -> str:
   """The one-line error for flags that differ from the run being resumed."""
-  hint = ""
-  if any(c.startswith("--schedule-steps") for c in refused):
-    hint = (" (--steps sets the schedule horizon unless --schedule-steps is given: pass"
-            " --schedule-steps with the old value to train longer on the same schedule)")
-  return (f"--resume: the flags differ from the run in {where}: {'; '.join(refused)}{hint}."
-          " Give the earlier values, or a new --out to start another run")
+  return (f"--resume: the flags differ from the run in {where}: {'; '.join(refused)}."
+          " Leave them out to keep the run's values, or start another run with a new --out")
+
+
+def saved_config(checkpoint_dir) -> tuple[dict, int] | None:
+  """(the flags saved with the newest step whose saved flags read back, that
+  step), or None when no step has any.
+
+  Read straight from the JSON item ``metadata`` that ``checkpoints``
+  writes with every step (``<step>/metadata/metadata``), before jax starts:
+  the restore verifies the same flags against the step's digest and compares
+  them again (``resume.check_config``).
+  """
+  for step in reversed(run_folder.finalized_steps(checkpoint_dir)):
+    try:
+      text = (epath.Path(checkpoint_dir) / str(step) / "metadata" / "metadata").read_text()
+      config = json.loads(text).get("config")
+    except (OSError, ValueError, AttributeError):
+      continue
+    if isinstance(config, dict):
+      return config, step
+  return None
+
+
+def inherited(saved: dict) -> dict:
+  """The saved flags a resume takes back, as the parser's values."""
+  names = set(vars(cli.parser().parse_args([]))) - INVOCATION - NOT_INHERITED
+  values = {k: v for k, v in saved.items() if k in names}
+  if "opt" in values:
+    values["opt"] = [tuple(pair) for pair in values["opt"]]
+  return values
+
+
+def _toml_value(value) -> str:
+  if isinstance(value, bool):
+    return "true" if value else "false"
+  if isinstance(value, (int, float)):
+    return repr(value)
+  return json.dumps(value)
+
+
+def to_toml(args: argparse.Namespace) -> str:
+  """The run's flags as a --config file (unset flags left out)."""
+  lines = []
+  for name, value in flags_of(args).items():
+    if value is None or (name == "opt" and not value):
+      continue
+    if name == "opt":
+      pairs = ", ".join(f"{key} = {_toml_value(number)}" for key, number in value)
+      lines.append(f"opt = {{ {pairs} }}")
+    else:
+      lines.append(f"{name} = {_toml_value(value)}")
+  return "\n".join(lines) + "\n"
+
+
+def _tokens(path: str, name: str, value, action) -> list[str]:
+  """The command-line words of one entry of a --config file."""
+  flag = action.option_strings[0]
+  if name == "opt":
+    pairs = value.items() if isinstance(value, dict) else value
+    return [word for key, number in pairs for word in ("--opt", f"{key}={number}")]
+  if action.nargs == 0:  # a switch: true or false
+    if not isinstance(value, bool):
+      raise cli.UsageError(f"--config {path}: {name} = {value!r}: must be true or false")
+    negative = [s for s in action.option_strings if s.startswith("--no-")]
+    return [flag] if value else negative[:1] if negative else []
+  return [flag, str(value)]
+
+
+def read_file(path: str) -> dict:
+  """The flags a --config file (TOML, or JSON with a .json suffix) gives,
+  checked like the command line's (``cli.explicit_flags``)."""
+  try:
+    text = pathlib.Path(path).read_text()
+    data = json.loads(text) if path.endswith(".json") else tomllib.loads(text)
+  except (OSError, ValueError) as e:
+    raise cli.UsageError(f"--config {path}: cannot read it: {e}") from None
+  parser = cli.parser()
+  actions = {a.dest: a for a in parser._actions if a.option_strings}  # pylint: disable=W0212
+  words, switches_off = [], []
+  for key, value in data.items():
+    name = key.replace("-", "_")
+    if name not in actions or name in INVOCATION or name == "help":
+      raise cli.UsageError(f"--config {path}: {key!r} is not a flag of the run (see"
+                           " --print-config)")
+    if value is None:
+      continue
+    tokens = _tokens(path, name, value, actions[name])
+    if not tokens:
+      switches_off.append(name)
+    words += tokens
+  try:
+    given = cli.explicit_flags(words)
+  except cli.UsageError as e:
+    raise cli.UsageError(f"--config {path}: {e}") from None
+  return {**given, **{name: False for name in switches_off}}
+
+
+def title(name: str, config: dict) -> str:
+  """The run's name and the flags that define it, for the plot."""
+  c = config
+  schedule = c["schedule"] + (f", {c['warmup_steps']} warmup" if c["schedule"] == "warmup_cosine"
+                              else "")
+  schedule += f", horizon {c['schedule_steps']}" if c.get("schedule_steps") else ""
+  given = [(k, c.get(k)) for k in ("b1", "b2", "eps", "weight_decay", "momentum")]
+  extra = " ".join(f"{k}={v:g}" for k, v in [*given, *c.get("opt", [])] if v is not None)
+  return (f"{name}: {c['optimizer']} lr {c['lr']:g} ({schedule}) clip {c['clip_norm']:g}"
+          f"{' ' + extra if extra else ''}\nlayers {c['layers']}, d_model {c['d_model']},"
+          f" batch {c['batch']} x {c['seq_len']} bytes, seed {c['seed']}, mesh {c['mesh']}")

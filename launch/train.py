@@ -16,6 +16,8 @@ import sys
 import traceback
 
 from launch import cli
+from launch import flags
+from launch import run_config
 
 EXIT_USAGE, EXIT_NONFINITE, EXIT_ERROR = 2, 3, 1
 
@@ -46,7 +48,11 @@ def _run(args) -> int:
 def main(argv=None) -> int:
   debug = "--debug" in (sys.argv[1:] if argv is None else argv)
   try:
-    return _run(cli.parse_args(argv))
+    args = flags.resolve(argv)
+    if args.print_config:
+      print(run_config.to_toml(args), end="", flush=True)
+      return 0
+    return _run(args)
   except cli.UsageError as e:
     _error(e, debug, named=False)
     return EXIT_USAGE

@@ -32,7 +32,7 @@ from tests import launch_helpers as h
 # The trained run's flags; a resume that repeats them may change only what
 # run_config.MAY_CHANGE allows. A cosine schedule whose horizon (8) is kept
 # apart from --steps, so runs may be extended to 8 steps.
-UNKEPT_HORIZON = [*h.TINY, "--optimizer", "adam", "--schedule", "cosine",
+UNKEPT_HORIZON = [*h.TINY, "--optimizer", "adam", "--lr", "0.003", "--schedule", "cosine",
                   "--checkpoint-every", "2", "--keep-checkpoints", "100"]
 RUN = [*UNKEPT_HORIZON, "--schedule-steps", "8"]
 TIMEOUT = 240
@@ -124,6 +124,7 @@ ARGUMENT_CASES = [  # (id, arguments, what the message must name)
     ("heads_not_divisible", ["--heads", "3"], ["--mesh", "attn/query/kernel", "size 3"]),
     ("unknown_optimizer", ["--optimizer", "adamm"], ["--optimizer 'adamm'"]),
     ("optimizer_keyword", ["--optimizer", "sgd", "--b2", "0.9"], ["--optimizer sgd", "b2"]),
+    ("batch_larger_than_held_out", ["--batch", "4096"], ["--batch 4096", "held-out"]),
 ]
 
 
@@ -193,11 +194,11 @@ def test_resume_with_changed_flags(run, tmp_path):
   assert hashes(run) == before
 
 
-def test_resume_extending_steps_moves_the_schedule(run, tmp_path):
-  """--steps sets the schedule horizon unless --schedule-steps keeps it."""
+def test_resume_with_a_new_schedule_horizon(run, tmp_path):
+  """--resume keeps the saved --schedule-steps unless given; a new one is refused."""
   before = hashes(run)
-  usage_error(job(tmp_path, *UNKEPT_HORIZON, "--steps", "6", "--resume", "--out", str(run)),
-              "--schedule-steps 8 -> 6", "pass --schedule-steps with the old value")
+  usage_error(job(tmp_path, *UNKEPT_HORIZON, "--steps", "6", "--schedule-steps", "6",
+                  "--resume", "--out", str(run)), "--schedule-steps 8 -> 6")
   assert hashes(run) == before
 
 
@@ -309,7 +310,7 @@ def test_resume_onto_another_mesh_is_allowed_and_printed(run, tmp_path):
   now = records(run)
   assert now[:2] == first[:2] and [r["step"] for r in now] == [1, 2, 3, 4]
   np.testing.assert_array_max_ulp(np.float32([r["loss"] for r in now[2:]]),
-                                  np.float32([r["loss"] for r in first[2:]]), maxulp=1)
+                                  np.float32([r["loss"] for r in first[2:]]), maxulp=2)
 
 
 @pytest.mark.slow
@@ -362,7 +363,8 @@ def test_resume_auto_with_every_checkpoint_damaged_starts_fresh(run, tmp_path):
           .replace("checkpoints/4.damaged/", "checkpoints/4/")
           .replace("metrics.before-1.jsonl", "metrics.jsonl"): v
           for k, v in hashes(run).items() if ".damaged/" in k or "before-1" in k}
-  assert kept == {k: v for k, v in before.items() if k != "loss.png"}
+  assert kept == {k: v for k, v in before.items()  # the plot, samples, TensorBoard: rewritten
+                  if k not in ("loss.png", "samples.jsonl") and "tfevents" not in k}
   assert [r["step"] for r in records(run)] == [1, 2] and h.checkpoint_steps(
       run / "checkpoints") == [2]
 

@@ -1,0 +1,28 @@
+"""The default learning rate of each optimizer family (no jax imported).
+
+Each is the best of a learning-rate sweep on the LM demo (the job's default
+model, data and 200 steps, warmup-cosine schedule to 0.1 x lr, clipping at
+1.0, seed 0), ranked by the mean training loss of the last 10 steps:
+``python -m benchmarks.matrix_optimizers`` writes the sweep to ``SOURCE``,
+and tests/test_launch_config.py checks that this table equals its best rates.
+The schedule default (warmup-cosine) is the one the sweep ran for every
+optimizer. ``adam`` takes ``adamw``'s rate (not swept on its own); an
+optimizer outside the table takes ``FALLBACK`` (not swept).
+"""
+
+__all__ = ["FALLBACK", "LEARNING_RATES", "SOURCE", "describe", "learning_rate"]
+
+SOURCE = "benchmarks/results/matrix_optimizers.md"
+LEARNING_RATES = {"muon": 0.03, "adamw": 0.01, "adam": 0.01, "soap": 0.01, "shampoo": 0.01}
+FALLBACK = 3e-3
+
+
+def learning_rate(optimizer: str) -> float:
+  """The default --lr of ``optimizer``."""
+  return LEARNING_RATES.get(optimizer, FALLBACK)
+
+
+def describe() -> str:
+  """The table in one line (for --help)."""
+  rates = ", ".join(f"{name} {lr:g}" for name, lr in LEARNING_RATES.items())
+  return f"{rates}; any other {FALLBACK:g}"

@@ -1,0 +1,45 @@
+"""The job's flags as resolved: the parser's defaults, then (with --resume)
+the flags saved with the run's newest checkpoint, then a --config file, then
+the command line. No jax imported (the resolved --cpu-devices must be set
+first).
+
+A resume finds its run as the job will (--checkpoint-dir, else --out's
+``checkpoints``, else the newest resumable ``runs/lm-*``, whose folder then
+becomes --out) and takes back what ``run_config.inherited`` keeps; flags
+given again are compared with the saved ones when the checkpoint is restored
+(``resume.check_config``).
+"""
+
+import argparse
+import os
+
+from launch import cli
+from launch import run_config
+from launch import run_folder
+
+__all__ = ["resolve"]
+
+
+def _resumed_run(given: dict) -> dict:
+  """The flags saved with the run a --resume continues, and --out when it is
+  the newest resumable run ({} when none is found: ``run_folder.prepare``
+  then reports it, or --resume auto starts fresh)."""
+  found = {}
+  if given.get("checkpoint_dir") is None and given.get("out") is None:
+    try:
+      found["out"] = str(run_folder.newest_resumable())
+    except cli.UsageError:
+      return {}
+  checkpoint_dir = given.get("checkpoint_dir") or os.path.join(
+      given.get("out") or found["out"], "checkpoints")
+  saved = run_config.saved_config(checkpoint_dir)
+  return {**(run_config.inherited(saved[0]) if saved else {}), **found}
+
+
+def resolve(argv=None) -> argparse.Namespace:
+  """The checked flags of this invocation (see the module docstring)."""
+  given = cli.explicit_flags(argv)
+  if given.get("config"):
+    given = {**run_config.read_file(given["config"]), **given}
+  saved = _resumed_run(given) if given.get("resume") else {}
+  return cli.finish({**saved, **given})

@@ -1,0 +1,92 @@
+"""Step time, tokens/s and model FLOPs utilisation (MFU) of the training step.
+
+FLOPs per step are XLA's cost analysis of the compiled step (the program of
+one device; times the device count for the whole mesh). MFU is those FLOPs
+per second of step time over the mesh's peak:
+
+- on accelerators, the vendor's dense bfloat16 peak per device (``PEAKS``,
+  matched on ``device_kind``) times the device count, or ``--peak-tflops``
+  (per device) when given;
+- on CPU, an estimate: the float32 matmul rate measured on this host at start
+  (one 1024 x 1024 product, best of 5) times the process count. The simulated
+  devices of one process share its cores, so the device count does not
+  multiply it.
+
+Step time is measured in windows between two host syncs (the job's logging
+points): ``Window.start`` after the previous sync and any work between steps
+(eval, sample, checkpoint save), ``Window.stop`` once the window's results
+are fetched. Compilation is done before the first window (``compile_step``).
+"""
+
+import dataclasses
+import time
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["PEAKS", "Peak", "Window", "compile_step", "peak_flops"]
+
+# device_kind substring -> dense bfloat16 FLOP/s per device (vendors' data sheets).
+PEAKS = {
+    "H200": 989e12, "H100": 989e12, "A100": 312e12,
+    "TPU v6 lite": 918e12, "TPU v5 lite": 197e12, "TPU v5": 459e12, "TPU v4": 275e12,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Peak:
+  flops_per_s: float | None  # the whole mesh; None: unknown (no MFU)
+  source: str  # how it was obtained, for the header
+
+
+def compile_step(step, *args):
+  """(the compiled step, FLOPs of one step over the whole mesh or None)."""
+  compiled = step.lower(*args).compile()
+  analysis = compiled.cost_analysis()
+  analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
+  flops = (analysis or {}).get("flops")
+  return compiled, (float(flops) * jax.device_count() if flops else None)
+
+
+def _cpu_matmul_rate(size: int = 1024, repeats: int = 5) -> float:
+  a = jnp.ones((size, size), jnp.float32)
+  product = jax.jit(lambda a: a @ a)
+  product(a).block_until_ready()
+  best = float("inf")
+  for _ in range(repeats):
+    start = time.perf_counter()
+    product(a).block_until_ready()
+    best = min(best, time.perf_counter() - start)
+  return 2 * size**3 / best
+
+
+def peak_flops(peak_tflops: float | None = None) -> Peak:
+  """The mesh's peak FLOP/s and where the figure comes from."""
+  devices, kind = jax.device_count(), jax.devices()[0].device_kind
+  if peak_tflops:
+    return Peak(peak_tflops * 1e12 * devices,
+                f"{peak_tflops:g} TFLOP/s per device (--peak-tflops) x {devices}")
+  if jax.devices()[0].platform == "cpu":
+    rate = _cpu_matmul_rate() * jax.process_count()
+    return Peak(rate, f"{rate / 1e9:.0f} GFLOP/s, a float32 matmul measured on this host"
+                f" x {jax.process_count()} process(es): an estimate")
+  for name, flops in PEAKS.items():
+    if name in kind:
+      return Peak(flops * devices, f"{flops / 1e12:g} TFLOP/s dense bfloat16 per {kind} x"
+                  f" {devices}")
+  return Peak(None, f"unknown for {kind!r}: pass --peak-tflops (per device)")
+
+
+class Window:
+  """Wall time of the steps between two host syncs."""
+
+  def __init__(self):
+    self._t0, self._step0 = None, None
+
+  def start(self, step: int) -> None:
+    """Steps after ``step`` are timed from now."""
+    self._t0, self._step0 = time.perf_counter(), step
+
+  def stop(self, step: int) -> tuple[int, float]:
+    """(steps, seconds) since ``start``; the steps' results must be fetched."""
+    return step - self._step0, time.perf_counter() - self._t0

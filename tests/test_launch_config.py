@@ -1,0 +1,105 @@
+"""The job's flags (issue 20): resuming takes the run's saved flags, --config
+and --print-config round-trip, and the default learning rate per optimizer
+is the best of the committed benchmark."""
+
+import json
+import re
+
+import pytest
+
+from launch import cli
+from launch import defaults
+from launch import flags
+from launch import report
+from launch import run_config
+from launch import train
+from tests import launch_helpers as h
+
+RESULTS = h.ROOT / "benchmarks" / "results" / "matrix_optimizers.md"
+
+
+def _printed_config(capsys, *argv) -> str:
+  assert train.main([*argv, "--print-config"]) == 0
+  return capsys.readouterr().out
+
+
+def test_config_file_and_print_config_round_trip(tmp_path, capsys):
+  argv = ["--optimizer", "adafactor", "--lr", "0.01", "--opt", "decay_rate=0.9", "--no-zero",
+          "--scan-layers", "--profile-steps", "5:7", "--steps", "40", "--mesh", "data=2,model=4"]
+  toml = _printed_config(capsys, *argv)
+  assert 'optimizer = "adafactor"' in toml and "lr = 0.01" in toml
+  assert "opt = { decay_rate = 0.9 }" in toml and "zero = false" in toml
+  path = tmp_path / "run.toml"
+  path.write_text(toml)
+  assert _printed_config(capsys, "--config", str(path)) == toml
+  direct = vars(flags.resolve(argv))
+  assert {**vars(flags.resolve(["--config", str(path)])), "config": None} == direct
+  as_json = tmp_path / "run.json"
+  as_json.write_text(json.dumps(run_config.flags_of(flags.resolve(argv))))
+  assert {**vars(flags.resolve(["--config", str(as_json)])), "config": None} == direct
+  assert flags.resolve(["--config", str(path), "--lr", "0.02"]).lr == 0.02  # the command line wins
+
+
+@pytest.mark.parametrize("text, culprit", [
+    ("learning_rate = 0.1", "'learning_rate' is not a flag"),
+    ("resume = true", "'resume' is not a flag"),
+    ('steps = "many"', "argument --steps: invalid int value: 'many'"),
+    ('zero = "no"', "zero = 'no': must be true or false"),
+    ("lr = -1", "--lr -1.0: must be a finite number > 0"),
+    ("steps = [", "cannot read it"),
+])
+def test_bad_config_file(tmp_path, text, culprit):
+  path = tmp_path / "bad.toml"
+  path.write_text(text)
+  with pytest.raises(cli.UsageError, match=re.escape(culprit)):
+    flags.resolve(["--config", str(path)])
+
+
+@pytest.mark.slow
+def test_resume_takes_the_saved_flags(tmp_path, capsys):
+  """Trained with adafactor, lr 0.01 and a 4-step warmup-cosine schedule; the
+  resume gives only --out, --resume and --steps."""
+  out = tmp_path / "run"
+  first = [*h.TINY, "--cpu-devices", "0", "--out", str(out), "--optimizer", "adafactor",
+           "--lr", "0.01", "--schedule", "warmup_cosine", "--warmup-steps", "1", "--steps", "4",
+           "--checkpoint-every", "2", "--eval-every", "0"]
+  assert train.main(first) == 0
+  capsys.readouterr()
+  again = ["--cpu-devices", "0", "--out", str(out), "--resume"]
+  shown = _printed_config(capsys, *again)
+  for line in ('optimizer = "adafactor"', "lr = 0.01", "schedule_steps = 4", "steps = 4",
+               "d_model = 32"):
+    assert line in shown.splitlines(), line
+
+  assert train.main([*again, "--steps", "6"]) == 0
+  printed = capsys.readouterr().out
+  changes = [line for line in printed.splitlines() if line.startswith("resume:")]
+  assert changes == ["resume: changed --steps 4 -> 6"]
+  records = report.read_metrics(out / "metrics.jsonl")
+  assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+  assert [r["lr"] for r in records[4:]] == pytest.approx([0.001, 0.001])  # past the horizon 4
+  assert all(r["tokens_per_s"] > 0 for r in records[4:])  # measured in the first window too
+  saved, step = run_config.saved_config(out / "checkpoints")
+  assert step == 6 and (saved["optimizer"], saved["lr"], saved["schedule_steps"]) == (
+      "adafactor", 0.01, 4)
+
+  assert train.main([*again, "--steps", "6", "--lr", "0.02"]) == 2
+  error = capsys.readouterr().err
+  assert error.startswith("error: --resume: the flags differ") and "--lr 0.01 -> 0.02" in error
+
+
+def _benchmark_bests() -> dict:
+  """optimizer -> best lr, from the committed results' table of bests."""
+  text = RESULTS.read_text().split("## Best learning rate of each", 1)[1].split("##", 1)[0]
+  return {m.group(1): float(m.group(2))
+          for m in re.finditer(r"^\| (\w+) \| ([0-9.e-]+)", text, re.MULTILINE)}
+
+
+def test_default_learning_rates_are_the_benchmark_bests():
+  bests = _benchmark_bests()
+  assert set(defaults.LEARNING_RATES) == {*bests, "adam"}
+  for optimizer, lr in bests.items():
+    assert defaults.learning_rate(optimizer) == lr, optimizer
+    assert cli.parse_args(["--optimizer", optimizer]).lr == lr
+  assert defaults.learning_rate("adam") == bests["adamw"]
+  assert cli.parse_args(["--optimizer", "rmsprop"]).lr == defaults.FALLBACK

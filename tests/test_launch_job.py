@@ -1,0 +1,195 @@
+"""What the job reports (issue 20): held-out loss, norms, step time and MFU,
+TensorBoard event files, a profile, a greedy sample; and the compiled
+programs behind them (launch/steps.py), the data split they rely on
+(launch/data.py) and the event-file writer (launch/tensorboard.py)."""
+
+import gzip
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import checkpoints
+import partitioning
+import shardopt
+from launch import data
+from launch import report
+from launch import steps
+from launch import tensorboard
+from launch import train
+from launch.model import ModelConfig
+from launch.model import Transformer
+from launch.model import next_token_loss
+from tests import launch_helpers as h
+
+TINY_MODEL = ModelConfig(layers=1, d_model=32, heads=2, head_dim=16, mlp=64)  # h.TINY's
+BATCH, SEQ_LEN = 8, 17
+
+
+def test_held_out_slice_is_never_trained_on():
+  """A corpus whose last tenth is marked: no training batch holds a marked
+  byte, every eval batch holds only marked bytes (from a paragraph start)."""
+  corpus = np.full(20_000, ord("a"), np.uint8)
+  corpus[50::100] = ord("\n")  # lines of 100 bytes
+  corpus[18_010:18_012] = ord("\n")  # the first blank line after 90% (18,000)
+  corpus[18_012:][corpus[18_012:] == ord("a")] = ord("b")  # the held-out text
+  train_bytes, held_out = data.split(corpus)
+  assert train_bytes.size == 18_012 and np.all(held_out == corpus[18_012:])
+  for step in range(200):
+    batch = data.batch_at(train_bytes, 0, step, 32, 65)
+    assert not np.any(batch == ord("b"))
+  batches = data.eval_batches(held_out, 8, 4, 65)
+  assert batches.shape == (7, 4, 65)  # 1988 bytes hold 30 windows: 7 whole batches
+  assert np.all(batches != ord("a"))
+  np.testing.assert_array_equal(batches.reshape(-1), held_out[:7 * 4 * 65])
+
+
+def test_the_shipped_corpus_split():
+  train_bytes, held_out = data.split(data.load_corpus())
+  corpus = data.load_corpus()
+  assert train_bytes.size + held_out.size == corpus.size
+  assert 0.09 < held_out.size / corpus.size < 0.11
+  assert bytes(train_bytes[-2:]) == b"\n\n"  # the held-out slice starts a paragraph
+
+
+def test_train_step_norms_by_hand():
+  """SGD on 0.5 * |w|^2: grads = w, update = -lr * clip(w), new = w + update."""
+  mesh = partitioning.make_mesh({"data": 2, "model": 4})
+  shardings = {"w": jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, "model"))}
+  w = np.arange(32, dtype=np.float32).reshape(4, 8) / 10
+  lr, clip = 0.1, 2.0
+  tx = shardopt.chain(shardopt.clip_by_global_norm(clip), shardopt.sgd(lr))
+  opt = shardopt.make_sharded_optimizer(tx, {"w": w}, shardings, shard_state_over="data")
+  params = jax.device_put({"w": jnp.array(w)}, shardings)
+  loss_fn = lambda p, batch: 0.5 * jnp.sum(p["w"] ** 2) + 0 * jnp.sum(batch)
+  step = steps.train_step(opt, loss_fn, jax.sharding.NamedSharding(
+      mesh, jax.sharding.PartitionSpec("data")))
+  new, _, stats = step(params, opt.init(params), jnp.zeros((4,)))
+  norm = float(np.sqrt(np.sum(w.astype(np.float64) ** 2)))
+  update = lr * min(1.0, clip / norm) * norm
+  np.testing.assert_allclose(float(stats["loss"]), 0.5 * norm**2, rtol=1e-6)
+  np.testing.assert_allclose(float(stats["grad_norm"]), norm, rtol=1e-6)
+  np.testing.assert_allclose(float(stats["update_norm"]), update, rtol=1e-6)
+  np.testing.assert_allclose(float(stats["param_norm"]), norm - update, rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(new["w"]), w * (1 - update / norm), rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_train_step_losses_equal_opt_train_step_bit_for_bit():
+  """The job's step is ``opt.train_step``'s program plus norms: same losses."""
+  mesh = partitioning.make_mesh({"data": 4, "model": 2})
+  model = Transformer(TINY_MODEL)
+  shapes = jax.eval_shape(model.init, jax.random.key(0),
+                          jnp.zeros((1, SEQ_LEN - 1), jnp.int32))["params"]
+  specs = partitioning.match_partition_rules(partitioning.decoder_rules("tp"), shapes)
+  shardings = partitioning.named_shardings(mesh, specs)
+  opt = shardopt.make_sharded_optimizer(shardopt.adamw(1e-2), shapes, shardings,
+                                        shard_state_over="data")
+  loss_fn = lambda p, tokens: next_token_loss(model, p, tokens)
+  train_bytes = data.split(data.load_corpus())[0]
+  ours = steps.train_step(opt, loss_fn, jax.sharding.NamedSharding(
+      mesh, jax.sharding.PartitionSpec("data", None)))
+  losses = {}
+  for name, step in (("opt", opt.train_step(loss_fn)), ("job", ours)):
+    params = jax.jit(lambda key: model.init(key, jnp.zeros((1, SEQ_LEN - 1), jnp.int32))["params"],
+                     out_shardings=shardings)(jax.random.key(0))
+    state, losses[name] = opt.init(params), []
+    for i in range(3):
+      batch = data.sharded_batch(train_bytes, 0, i, BATCH, SEQ_LEN, mesh)
+      params, state, loss = step(params, state, batch)
+      losses[name].append(np.float32(loss if name == "opt" else loss["loss"]))
+  np.testing.assert_array_equal(losses["job"], losses["opt"])
+
+
+def test_event_files_read_by_tensorboard(tmp_path):
+  from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+  assert tensorboard.crc32c(b"123456789") == 0xE3069283  # the CRC-32C check value
+  writer = tensorboard.EventWriter(tmp_path)
+  for step in range(1, 7):
+    writer.scalars(step, {"train/loss": 10.0 - step, "eval/loss": None if step % 2 else step})
+  writer.close()
+  resumed = tensorboard.EventWriter(tmp_path, first_step=5)  # steps 5 and 6 again
+  for step in (5, 6):
+    resumed.scalars(step, {"train/loss": 100.0 + step, "eval/loss": math.nan})
+  resumed.close()
+  events = EventAccumulator(str(tmp_path))
+  events.Reload()
+  assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [
+      (1, 9.0), (2, 8.0), (3, 7.0), (4, 6.0), (5, 105.0), (6, 106.0)]
+  assert [(e.step, e.value) for e in events.Scalars("eval/loss")] == [(2, 2.0), (4, 4.0)]
+
+
+def _restored_params(folder, step):
+  model = Transformer(TINY_MODEL)
+  target = model.init(jax.random.key(1), jnp.zeros((1, SEQ_LEN - 1), jnp.int32))["params"]
+  with checkpoints.CheckpointManager(folder / "checkpoints") as manager:
+    return model, manager.restore_params(target, step).state
+
+
+@pytest.mark.slow
+def test_job_reports_held_out_loss_norms_mfu_tensorboard_profile_sample(tmp_path, capsys):
+  from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+  out = tmp_path / "run"
+  assert train.main([*h.TINY, "--cpu-devices", "0", "--out", str(out), "--steps", "6",
+                     "--eval-every", "2", "--log-every", "3", "--checkpoint-every", "5",
+                     "--profile-steps", "2:3"]) == 0
+  printed = capsys.readouterr().out
+  records = report.read_metrics(out / "metrics.jsonl")
+  assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+  assert [r["step"] for r in records if "eval_loss" in r] == [2, 4, 6]
+  for r in records:
+    for field in ("loss", "lr", "grad_norm", "update_norm", "param_norm", "step_time",
+                  "tokens_per_s", "mfu"):
+      assert r[field] is not None and math.isfinite(r[field]) and r[field] > 0, (field, r)
+    np.testing.assert_allclose(r["tokens_per_s"], BATCH * (SEQ_LEN - 1) / r["step_time"])
+    assert r["mfu"] < 1
+  for step in (2, 4, 6):
+    assert any(f"step {step:>5}/6" in line and " eval " in line for line in printed.splitlines())
+
+  # Step 6 recomputed from the checkpoints of steps 5 and 6 (the model and data functions).
+  model, before = _restored_params(out, 5)
+  _, after = _restored_params(out, 6)
+  train_bytes, held_out = data.split(data.load_corpus())
+  loss_fn = lambda p, tokens: next_token_loss(model, p, tokens)
+  loss, grads = jax.value_and_grad(loss_fn)(before, data.batch_at(train_bytes, 0, 5, BATCH,
+                                                                  SEQ_LEN))
+  norm = lambda tree: float(np.sqrt(sum(np.sum(np.float64(x) ** 2)
+                                        for x in jax.tree.leaves(tree))))
+  last = records[-1]
+  np.testing.assert_allclose(last["loss"], float(loss), rtol=1e-5)
+  np.testing.assert_allclose(last["grad_norm"], norm(grads), rtol=1e-4)
+  np.testing.assert_allclose(last["param_norm"], norm(after), rtol=1e-5)
+  np.testing.assert_allclose(last["update_norm"], norm(jax.tree.map(np.subtract, after, before)),
+                             rtol=1e-3)
+  held = [loss_fn(after, batch) for batch in data.eval_batches(held_out, 8, BATCH, SEQ_LEN)]
+  np.testing.assert_allclose(last["eval_loss"], float(np.mean(held)), rtol=1e-5)
+
+  events = EventAccumulator(str(out))
+  events.Reload()
+  for field, tag in [("loss", "train/loss"), ("eval_loss", "eval/loss"), ("lr", "train/lr"),
+                     ("grad_norm", "train/grad_norm"), ("update_norm", "train/update_norm"),
+                     ("param_norm", "train/param_norm"), ("mfu", "perf/mfu")]:
+    want = [(r["step"], np.float32(r[field])) for r in records if field in r]
+    assert [(e.step, np.float32(e.value)) for e in events.Scalars(tag)] == want, tag
+
+  traces = list((out / "plugins" / "profile").glob("*/*.xplane.pb"))
+  assert len(traces) == 1 and f"profile of steps 2-3: {traces[0].parent}" in printed
+  profile = jax.profiler.ProfileData.from_file(str(traces[0]))
+  assert any(True for plane in profile.planes for line in plane.lines)
+  perfetto = next(traces[0].parent.glob("*.trace.json.gz"))
+  assert json.loads(gzip.decompress(perfetto.read_bytes()))["traceEvents"]
+
+  samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+  assert [s["step"] for s in samples] == [6]
+  tokens = list(held_out[:(SEQ_LEN - 1) // 2])
+  while len(tokens) < SEQ_LEN - 1:  # greedy, one prefix at a time
+    logits = model.apply({"params": after}, jnp.array([tokens], jnp.int32))
+    tokens.append(int(jnp.argmax(logits[0, -1])))
+  text = lambda t: bytes(t).decode("utf-8", errors="replace")
+  assert samples[0]["prompt"] == text(tokens[:(SEQ_LEN - 1) // 2])
+  assert samples[0]["continuation"] == text(tokens[(SEQ_LEN - 1) // 2:])
+  assert f"sample at step 6 (greedy): {samples[0]['prompt']!r}" in printed
+  assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
