@@ -6,12 +6,13 @@ state's shardings are derived from the params' (``shardopt.sharding``).
 
 Public namespaces: ``shardopt`` (this curated list), ``shardopt.schedules``,
 ``shardopt.tree``, ``shardopt.tree_utils``, ``shardopt.transforms``, ``shardopt.losses``,
-``shardopt.contrib`` and ``shardopt.sharding``. The
+``shardopt.microbatching``, ``shardopt.contrib`` and ``shardopt.sharding``. The
 implementation lives in ``shardopt._src`` (see docs/architecture.md).
 """
 
 from shardopt import contrib
 from shardopt import losses
+from shardopt import microbatching
 from shardopt import schedules
 from shardopt import sharding
 from shardopt import transforms
@@ -25,6 +26,9 @@ from shardopt._src.base import (
     stateless, stateless_with_tree_map, TransformInitFn, TransformUpdateExtraArgsFn,
     TransformUpdateFn, Updates, value_at, with_extra_args_support,
 )
+from shardopt._src.linear_algebra import matrix_inverse_pth_root, nnls, power_iteration
+from shardopt._src.microbatching import microbatch
+from shardopt._src.multi_normal import multi_normal
 from shardopt._src.numerics import (
     abs_sq, safe_increment, safe_int32_increment, safe_norm, safe_root_mean_squares,
 )
@@ -194,14 +198,16 @@ __all__ = [
     "join_schedules", "keep_params_nonnegative", "lamb", "lars", "lbfgs", "LeafPlan",
     "linear_onecycle_schedule", "linear_schedule", "lion", "lookahead", "LookaheadParams",
     "LookaheadState", "low_precision_state", "make_sharded_optimizer", "masked", "MaskedNode",
-    "MaskedState", "MaskOrFn", "measure_with_ema", "MomentumType", "monitor", "MonitorState",
+    "MaskedState", "MaskOrFn", "matrix_inverse_pth_root", "measure_with_ema", "microbatch",
+    "microbatching", "MomentumType", "monitor", "MonitorState", "multi_normal",
     "multi_transform", "MultiSteps", "MultiStepsState", "MultiTransformState", "nadam",
-    "nadamw", "named_chain", "noisy_sgd", "NonNegativeParamsState", "normalize_by_update_norm",
+    "nadamw", "named_chain", "nnls", "noisy_sgd", "NonNegativeParamsState",
+    "normalize_by_update_norm",
     "novograd", "optimistic_adam", "optimistic_adam_v2", "optimistic_gradient_descent",
     "OptState", "Params", "partition", "PartitionState", "per_example_global_norm_clip",
     "per_example_layer_norm_clip", "periodic_update", "piecewise_constant_schedule",
     "piecewise_interpolate_schedule", "plan_state_shardings", "polyak_sgd",
-    "polynomial_schedule", "QuantizedArray", "quantized_state", "QuantizedStateReport",
+    "polynomial_schedule", "power_iteration", "QuantizedArray", "quantized_state", "QuantizedStateReport",
     "radam", "ReplicatedStateWarning", "rmsprop", "rprop",
     "safe_increment", "safe_int32_increment", "safe_norm", "safe_root_mean_squares",
     "ScalarOrSchedule", "scale", "scale_by_adadelta", "scale_by_adam", "scale_by_adamax",

@@ -1,0 +1,14 @@
+"""``shardopt.microbatching``: optax's ``optax.microbatching`` (evaluating a
+function, a vmap or per-example gradients over sequential microbatches)."""
+
+from shardopt._src.microbatching import AccumulationType
+from shardopt._src.microbatching import Accumulator
+from shardopt._src.microbatching import micro_grad
+from shardopt._src.microbatching import micro_vmap
+from shardopt._src.microbatching import microbatch
+from shardopt._src.microbatching import reshape_batch_axis
+
+__all__ = [
+    "AccumulationType", "Accumulator", "micro_grad", "micro_vmap", "microbatch",
+    "reshape_batch_axis",
+]
