@@ -6,10 +6,12 @@ state's shardings are derived from the params' (``shardopt.sharding``).
 
 Public namespaces: ``shardopt`` (this curated list), ``shardopt.schedules``,
 ``shardopt.tree``, ``shardopt.tree_utils``, ``shardopt.transforms``, ``shardopt.losses``,
-``shardopt.microbatching``, ``shardopt.contrib`` and ``shardopt.sharding``. The
+``shardopt.microbatching``, ``shardopt.assignment``, ``shardopt.contrib`` and
+``shardopt.sharding``. The
 implementation lives in ``shardopt._src`` (see docs/architecture.md).
 """
 
+from shardopt import assignment
 from shardopt import contrib
 from shardopt import losses
 from shardopt import microbatching
@@ -185,7 +187,7 @@ __all__ = [
     "abs_sq", "adabelief", "adadelta", "adafactor", "adagrad", "adam", "adamax", "adamaxw",
     "adamw", "adan", "adaptive_grad_clip", "AdaptiveGradClipState", "add_decayed_weights",
     "add_noise", "AddDecayedWeightsState", "AddNoiseState", "amsgrad", "apply_every",
-    "apply_if_finite", "apply_updates", "ApplyEvery", "ApplyIfFiniteState",
+    "apply_if_finite", "apply_updates", "ApplyEvery", "ApplyIfFiniteState", "assignment",
     "BacktrackingLinesearchInfo", "bias_correction", "centralize", "chain", "clip",
     "clip_by_block_rms", "clip_by_global_norm", "ClipByGlobalNormState", "ClipState",
     "conditionally_mask", "conditionally_transform", "ConditionallyMaskState",

@@ -1,0 +1,118 @@
+"""The linear assignment problem (optax's ``optax.assignment``): pair rows and
+columns of a cost matrix one to one, ``min(n, m)`` pairs, at the least total
+cost, by the Hungarian method with shortest augmenting paths; jittable and
+vmappable."""
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+
+__all__ = [
+    "base_hungarian_algorithm",
+    "hungarian_algorithm",
+]
+
+
+def _add_row(costs: jax.Array, state, row):
+  """Assigns ``row`` by one shortest augmenting path (Dijkstra over reduced
+  costs ``C - u - v``), then updates the dual potentials so that every
+  reduced cost stays >= 0 and is 0 on the assigned pairs.
+
+  Columns and rows are 1-based; column 0 is a virtual column holding the
+  row being added, and ``row_of[j] == 0`` means column j is free.
+  """
+  u, v, row_of = state
+  num_rows, num_cols = costs.shape
+  row_of = row_of.at[0].set(row + 1)
+
+  def grow(search):
+    u, v, visited, slack, came_from, col = search
+    visited = visited.at[col].set(True)
+    open_cols = ~visited[1:]
+    reduced = costs[row_of[col] - 1] - u[row_of[col]] - v[1:]
+    reduced = jnp.where(open_cols, reduced, jnp.inf)
+    closer = reduced < slack
+    came_from = jnp.where(closer, col, came_from)
+    slack = jnp.where(closer, reduced, slack)
+    next_col = jnp.argmin(jnp.where(open_cols, slack, jnp.inf)) + 1
+    delta = jnp.min(jnp.where(open_cols, slack, jnp.inf))
+    # Visited columns' rows go up by delta, their columns down: the tree's
+    # reduced costs stay 0 and the open columns' slacks drop by delta.
+    u = u.at[jnp.where(visited, row_of, num_rows + 1)].add(delta, mode="drop")
+    v = jnp.where(visited, v - delta, v)
+    slack = jnp.where(open_cols, slack - delta, slack)
+    return u, v, visited, slack, came_from, next_col
+
+  search = (u, v, jnp.zeros(num_cols + 1, bool), jnp.full(num_cols, jnp.inf),
+            jnp.zeros(num_cols, int), 0)
+  u, v, _, _, came_from, free_col = lax.while_loop(
+      lambda s: row_of[s[-1]] != 0, grow, search)
+
+  def flip(walk):  # shift the assignments one step back along the path
+    row_of, col = walk
+    previous = came_from[col - 1]
+    return row_of.at[col].set(row_of[previous]), previous
+
+  row_of, _ = lax.while_loop(lambda w: w[1] != 0, flip, (row_of, free_col))
+  return (u, v, row_of), None
+
+
+def hungarian_algorithm(cost_matrix: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """An optimal assignment for an ``(n, m)`` cost matrix.
+
+  Rows are added one at a time (over the shorter side); each is assigned by
+  a shortest augmenting path in the reduced costs, keeping dual potentials
+  ``u`` (rows) and ``v`` (columns) with ``C - u - v >= 0``, so the final
+  assignment is optimal. O(min(n, m)**2 * max(n, m)) work.
+
+  Args:
+    cost_matrix: an ``(n, m)`` matrix of costs.
+
+  Returns:
+    ``(i, j)``: ``min(n, m)`` row and column indices (int), ``i`` increasing;
+    the assignment's cost is ``cost_matrix[i, j].sum()``.
+
+  References:
+    Kuhn, "The Hungarian method for the assignment problem", Naval Research
+    Logistics Quarterly 1955 (https://doi.org/10.1002/nav.3800020109);
+    Jonker & Volgenant, "A shortest augmenting path algorithm for dense and
+    sparse linear assignment problems", Computing 1987
+    (https://doi.org/10.1007/BF02278710); Crouse, "On implementing 2D
+    rectangular assignment algorithms", IEEE TAES 2016
+    (https://doi.org/10.1109/TAES.2016.140952).
+  """
+  if cost_matrix.shape[0] == 0 or cost_matrix.shape[1] == 0:
+    return jnp.zeros(0, int), jnp.zeros(0, int)
+  transposed = cost_matrix.shape[0] > cost_matrix.shape[1]
+  costs = cost_matrix.T if transposed else cost_matrix
+  costs = costs.astype(jnp.result_type(float))
+  num_rows, num_cols = costs.shape
+  start = (jnp.zeros(num_rows + 1, costs.dtype), jnp.zeros(num_cols + 1, costs.dtype),
+           jnp.zeros(num_cols + 1, int))
+  (_, _, row_of), _ = lax.scan(
+      lambda state, row: _add_row(costs, state, row), start, jnp.arange(num_rows))
+  row_of = row_of[1:] - 1  # 0-based; -1: a free column
+  # The column of each (short-side) row: rows are all assigned.
+  col_of = jnp.zeros(num_rows, int).at[jnp.where(row_of < 0, num_rows, row_of)].set(
+      jnp.arange(num_cols), mode="drop")
+  if not transposed:
+    return jnp.arange(num_rows), col_of
+  order = jnp.argsort(col_of)  # the long side (the original rows) increasing
+  return col_of[order], order
+
+
+def base_hungarian_algorithm(cost_matrix: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """An optimal assignment for an ``(n, m)`` cost matrix: optax keeps a
+  second implementation under this name; here it is ``hungarian_algorithm``.
+
+  Args:
+    cost_matrix: an ``(n, m)`` matrix of costs.
+
+  Returns:
+    ``(i, j)`` as ``hungarian_algorithm`` returns them.
+
+  References:
+    Crouse, "On implementing 2D rectangular assignment algorithms", IEEE
+    TAES 2016 (https://doi.org/10.1109/TAES.2016.140952).
+  """
+  return hungarian_algorithm(cost_matrix)
