@@ -1,14 +1,16 @@
 """Save/restore time of checkpoints.CheckpointManager (with checksums) vs plain Orbax, side by side.
 
 8 simulated CPU devices, a (2,4) mesh, 8 float32 arrays of 4096x4096 (512 MiB,
-random normal values, sharded P('a','b')). Saves, then restores, are
-repeated in alternating order for plain Orbax (``ocp.CheckpointManager`` with
-``args.StandardSave`` / ``args.StandardRestore``) and ``checkpoints.CheckpointManager``
-on the same state: a save until final (``save`` + ``wait_until_finished``, both
-async; ``os.sync()`` before each), the part of it that blocks the caller, and a restore onto the same
-shardings (until the arrays are ready). Also times the checksums alone
-(``integrity.checksums`` of the state). Reports medians over the repetitions
-after one warm-up, and the ratio manager / plain Orbax. Writes
+random normal values, sharded P('a','b')). Four managers on the same state,
+in rotating order: plain Orbax (``ocp.CheckpointManager`` with
+``args.StandardSave`` / ``args.StandardRestore``) with its default zstd
+compression and without it, and ``checkpoints.CheckpointManager`` with its
+default (uncompressed) and with ``compress=True``. Timed: a save until final
+(``save`` + ``wait_until_finished``, both async; ``os.sync()`` before each),
+the part of it that blocks the caller, and a restore onto the same shardings
+(until the arrays are ready); also the checksums alone
+(``integrity.checksums`` of the state) and the bytes on disk. Reports medians
+over the repetitions after one warm-up, and ratios to plain Orbax. Writes
 benchmarks/results/checkpoint_throughput.md.
 
 Run: python benchmarks/checkpoint_throughput.py [--reps N] [--restore-reps M]
@@ -40,6 +42,17 @@ from checkpoints import layout
 N_ARRAYS, SHAPE = 8, (4096, 4096)  # even sizes (odd lengths are slow on XLA:CPU)
 OUT = pathlib.Path(__file__).resolve().parent / "results" / "checkpoint_throughput.md"
 ROWS = ("save until final", "save, blocking part", "restore")
+NAMES = {  # manager: what it is
+    "plain": "plain Orbax, default (zstd)",
+    "plain-raw": "plain Orbax, use_compression=False",
+    "ours": "checkpoints, default (uncompressed)",
+    "ours-zstd": "checkpoints, compress=True",
+}
+COMPARISONS = (  # (manager, baseline, why)
+    ("ours", "plain", "the default against plain Orbax's default"),
+    ("ours-zstd", "plain", "the same storage (zstd): what the checksums and record cost"),
+    ("ours", "plain-raw", "the same storage (uncompressed): what the checksums and record cost"),
+)
 
 
 def _state(mesh):
@@ -68,23 +81,31 @@ def _save_times(save, wait):
 
 
 class _Plain:
-  """Plain Orbax: one StandardSave item per step, the newest kept."""
+  """Plain Orbax, the newest step kept: StandardSave/StandardRestore (zstd, Orbax's default), or
+  without compression PyTreeSave/PyTreeRestore of a PyTreeCheckpointHandler(use_compression=False)
+  (StandardCheckpointHandler has no such option)."""
 
-  def __init__(self, directory):
-    self.mngr = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(max_to_keep=1))
+  def __init__(self, directory, compress):
+    options = ocp.CheckpointManagerOptions(max_to_keep=1)
+    handler = None if compress else ocp.PyTreeCheckpointHandler(use_compression=False)
+    self.mngr = ocp.CheckpointManager(directory, options=options, item_handlers=handler)
+    self.compress = compress
 
   def save(self, step, state):
-    return _save_times(lambda: self.mngr.save(step, args=ocp.args.StandardSave(state)), self.mngr.wait_until_finished)
+    args = ocp.args.StandardSave(state) if self.compress else ocp.args.PyTreeSave(state)
+    return _save_times(lambda: self.mngr.save(step, args=args), self.mngr.wait_until_finished)
 
   def restore(self, step, target):
-    return _timed(lambda: jax.block_until_ready(self.mngr.restore(step, args=ocp.args.StandardRestore(target))))
+    args = (ocp.args.StandardRestore(target) if self.compress else ocp.args.PyTreeRestore(
+        target, restore_args=ocp.checkpoint_utils.construct_restore_args(target)))
+    return _timed(lambda: jax.block_until_ready(self.mngr.restore(step, args=args)))
 
 
 class _Ours:
   """checkpoints.CheckpointManager (checksums written and verified), the newest kept."""
 
-  def __init__(self, directory):
-    self.mngr = ck.CheckpointManager(directory, ck.CheckpointPolicy(keep_last=1))
+  def __init__(self, directory, compress):
+    self.mngr = ck.CheckpointManager(directory, ck.CheckpointPolicy(keep_last=1, compress=compress))
 
   def save(self, step, state):
     return _save_times(lambda: self.mngr.save(step, state), self.mngr.wait_until_finished)
@@ -94,13 +115,12 @@ class _Ours:
 
 
 def _interleaved(reps, run):
-  """``run(name)`` for both managers, ``reps`` + 1 times in alternating order (the first is a warm-up).
-
-  Returns {name: [result per repetition]} without the warm-up.
-  """
-  out = {"plain": [], "ours": []}
+  """``run(rep, name)`` for every manager, ``reps`` + 1 times, the order rotating each time (the
+  first repetition is a warm-up). Returns {name: [result per repetition]} without the warm-up."""
+  names = list(NAMES)
+  out = {name: [] for name in names}
   for rep in range(reps + 1):
-    for name in ("plain", "ours") if rep % 2 else ("ours", "plain"):
+    for name in names[rep % len(names):] + names[:rep % len(names)]:
       result = run(rep, name)
       if rep:
         out[name].append(result)
@@ -109,23 +129,38 @@ def _interleaved(reps, run):
   return out
 
 
-def _table(times, gib, clock):
-  """Rows of medians for one clock (0: wall, 1: CPU)."""
-  lines = ["| operation | plain Orbax s | checkpoints s | ratio of medians | median of per-rep ratios | per-rep ratios |",
-           "|---|---:|---:|---:|---:|---|"]
+def _medians(times, clock):
+  """Rows of medians per manager for one clock (0: wall, 1: CPU)."""
+  lines = ["| operation | " + " | ".join(f"{NAMES[n]} s" for n in NAMES) + " |",
+           "|---|" + "---:|" * len(NAMES)]
   for row in ROWS:
-    plain = np.array([t[clock] for t in times[(row, "plain")]])
-    ours = np.array([t[clock] for t in times[(row, "ours")]])
-    reps = " ".join(f"{r:.2f}" for r in ours / plain)
-    lines.append(f"| {row} | {np.median(plain):.3f} | {np.median(ours):.3f} | "
-                 f"{np.median(ours) / np.median(plain):.3f} | {np.median(ours / plain):.3f} | {reps} |")
+    lines.append(f"| {row} | " + " | ".join(f"{np.median([t[clock] for t in times[(row, n)]]):.3f}"
+                                           for n in NAMES) + " |")
   return lines
+
+
+def _ratios(times, clock):
+  """Rows of ratios (of medians, and per repetition) for each comparison, one clock."""
+  lines = ["| operation | comparison | ratio of medians | median of per-rep ratios | per-rep ratios |",
+           "|---|---|---:|---:|---|"]
+  for row in ROWS:
+    for ours, base, why in COMPARISONS:
+      a = np.array([t[clock] for t in times[(row, ours)]])
+      b = np.array([t[clock] for t in times[(row, base)]])
+      reps = " ".join(f"{r:.2f}" for r in a / b)
+      lines.append(f"| {row} | {NAMES[ours]} / {NAMES[base]} ({why}) | {np.median(a) / np.median(b):.3f} | "
+                   f"{np.median(a / b):.3f} | {reps} |")
+  return lines
+
+
+def _bytes(directory: pathlib.Path) -> int:
+  return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
 
 
 def main():
   parser = argparse.ArgumentParser()
-  parser.add_argument("--reps", type=int, default=15, help="repetitions of the saves (~3 s each)")
-  parser.add_argument("--restore-reps", type=int, default=25, help="repetitions of the restores (~1 s each)")
+  parser.add_argument("--reps", type=int, default=11, help="repetitions of the saves (~1-3 s each)")
+  parser.add_argument("--restore-reps", type=int, default=21, help="repetitions of the restores (~0.2-1 s each)")
   args = parser.parse_args()
   reps, restore_reps = args.reps, args.restore_reps
   mesh = jax.make_mesh((2, 4), ("a", "b"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
@@ -134,13 +169,15 @@ def main():
   gib = sum(a.nbytes for a in state.values()) / 2**30
   load = os.getloadavg()[0]
   work = pathlib.Path(tempfile.mkdtemp(prefix="ckpt_bench_"))
-  times = {}
+  times, sizes = {}, {}
   try:
-    pair = {"plain": _Plain(work / "plain"), "ours": _Ours(work / "ours")}
+    pair = {"plain": _Plain(work / "plain", True), "plain-raw": _Plain(work / "plain-raw", False),
+            "ours": _Ours(work / "ours", False), "ours-zstd": _Ours(work / "ours-zstd", True)}
     saves = _interleaved(reps, lambda rep, name: pair[name].save(rep, state))
+    sizes = {name: _bytes(work / name / str(reps)) for name in pair}
     restores = _interleaved(restore_reps, lambda rep, name: pair[name].restore(reps, target))
-    checksum_s = _interleaved(reps, lambda rep, name: _timed(lambda: integrity.checksums(layout.to_saveable(state))))
-    checksum_s = checksum_s["plain"] + checksum_s["ours"]
+    saveable = layout.to_saveable(state)
+    checksum_s = [_timed(lambda: integrity.checksums(saveable, 1)) for _ in range(reps)]
     for name, manager in pair.items():
       times[("save until final", name)] = [final for final, _ in saves[name]]
       times[("save, blocking part", name)] = [blocked for _, blocked in saves[name]]
@@ -152,19 +189,28 @@ def main():
   lines = [
       "# Checkpoint save/restore: checkpoints.CheckpointManager vs plain Orbax",
       "",
-      (f"Command: `python benchmarks/checkpoint_throughput.py --reps {reps} --restore-reps {restore_reps}`. State: {N_ARRAYS} float32 arrays "
-       f"{SHAPE} of random normal values, {gib:.2f} GiB, sharded P('a','b') on a (2,4) mesh of 8 simulated CPU "
-       f"devices; local disk (page cache). {reps} interleaved repetitions of the saves, then {restore_reps} of the "
-       f"restores (of the last step saved), each after one warm-up, alternating which manager goes first; medians. Load average when it started: {load:.1f} on {os.cpu_count()} cores."),
+      (f"Command: `python benchmarks/checkpoint_throughput.py --reps {reps} --restore-reps {restore_reps}`. "
+       f"State: {N_ARRAYS} float32 arrays {SHAPE} of random normal values, {gib:.2f} GiB, sharded P('a','b') "
+       f"on a (2,4) mesh of 8 simulated CPU devices; local disk (page cache). {reps} repetitions of the saves, "
+       f"then {restore_reps} of the restores (of the last step saved), each after one warm-up, the order of "
+       f"the four managers rotating; medians. Load average when it started: {load:.1f} on {os.cpu_count()} "
+       "cores."),
+      "",
+      "Bytes on disk of one step: " + ", ".join(
+          f"{NAMES[n]} {sizes[n] / 2**20:.1f} MiB ({sizes[n] / sizes['plain']:.3f}x)" for n in NAMES) + ".",
       "",
       "Wall-clock seconds:",
       "",
-      *_table(times, gib, 0),
+      *_medians(times, 0),
+      "",
+      *_ratios(times, 0),
       "",
       ("CPU seconds of the process (all its threads, Orbax's and TensorStore's included; less disturbed by "
        "other jobs on the machine than wall time):"),
       "",
-      *_table(times, gib, 1),
+      *_medians(times, 1),
+      "",
+      *_ratios(times, 1),
       "",
       (f"Checksums alone (every leaf's shards, as `save` computes them before writing and `restore` after "
        f"reading): median {np.median([t[0] for t in checksum_s]) * 1e3:.0f} ms wall, "
@@ -174,7 +220,7 @@ def main():
        "step kept. checkpoints: `CheckpointManager(policy=CheckpointPolicy(keep_last=1))`, async, which also "
        "writes the layout/checksum record and the metadata item and checks every leaf's checksum on restore. "
        "The CPU cores and the disk are shared with other jobs: single repetitions vary by tens of percent, "
-       "which is why the two are interleaved and the per-repetition ratios are listed."),
+       "which is why the managers are interleaved and the per-repetition ratios are listed."),
       "",
   ]
   OUT.write_text("\n".join(lines))

@@ -2,41 +2,81 @@
 
 Each leaf's bits are read as unsigned words (``uint32`` words for 4-, 8- and
 16-byte dtypes, the value of each byte or 16-bit word for 1- and 2-byte dtypes,
-the low bits only for sub-byte dtypes). Over these words ``u`` at global index
-``(i_0, ..., i_{k-1})`` (a 0-d leaf counts as shape ``(1,)``), the checksum is
+the low bits only for sub-byte dtypes), laid out as a matrix: a row for every
+index of the leading dimensions, a column for every word of the last one (a 0-d
+or 1-d leaf: rows of ``ROW`` consecutive words). The checksum is a pair of
+residues modulo the prime P = 2**61 - 1:
 
-  ``[sum(u), sum(u * i_0), ..., sum(u * i_{k-1})]``, all modulo 2**32.
+  ``[L(row sums), L(column sums)]``, with ``L(s) = sum over i of s[i] * prod_d z_d ** i_d``,
 
-Sums modulo 2**32 are exact in any order, so each process adds up the shards it
-holds (one replica of each), where the bytes already are: zero-copy NumPy views
-of CPU device buffers, or a small jitted reduction on an accelerator. Saving on
-one mesh and restoring onto another gives the same numbers. Any change of a
-single word changes ``sum(u)``; two words ``u_p != u_q`` exchanged between
-positions whose index ``d`` differs change moment ``d`` unless
-``(p_d - q_d) * (u_p - u_q)`` is a multiple of 2**32. Other damage escapes
-only if it happens to leave every number unchanged (for random damage, odds of
-about 2**-32 per number).
+where the row and column sums are exact integers and the points ``z_d`` (one
+per dimension) are drawn from a seed chosen at random for every save and kept
+with the checksums. ``L`` is linear, so each process adds up the shards it holds
+(one replica of each, where the bytes already are: zero-copy NumPy views of CPU
+device buffers, or a small reduction on an accelerator) and the sum is the same
+on every mesh.
+
+What it catches: a change that alters some row sum or some column sum (by less
+than P: by fewer than 2**29 changed words in that row or column) changes a
+nonzero polynomial of degree at most ``sum_d (n_d - 1)`` (``n_d`` the extents of
+the rows' or the columns' index), which vanishes at the random points with
+probability at most that degree over P, below (rows + columns) / P. Row and
+column sums change for any change of one to three words, for any change inside
+one row or one column, and for any change that only sets, or only clears, bits
+within a row: paired sign flips, a negated block of positive values
+(quantization scales), an exponent bit set in one word and cleared in another.
+A change escapes only if it leaves every row sum and every column sum exactly
+as they were (it needs at least four words, such as +d, -d in one row and
+-d, +d in another at the same columns), or in the case of probability above.
+
+Why not TensorStore's zarr3 ``crc32c`` codec, which verifies every chunk as it
+is read: Orbax 0.12.8 has no option to put it on array chunks (it puts it on
+the zarr3 shard index only, in a private function), and a checksum per stored
+chunk would pass a whole chunk of another step, or values rewritten by a
+faulty writer, which this one does not.
 """
 
 import concurrent.futures
+import hashlib
 import os
+import secrets
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["ALGORITHM", "checksums", "mismatches"]
+from checkpoints import mersenne
 
-ALGORITHM = "u32-sum-and-index-moments/1"
-_MASK = (1 << 32) - 1
-_BLOCK = 1 << 12  # moments of long vectors are taken over (blocks, _BLOCK) views
+__all__ = ["ALGORITHM", "ROW", "checksums", "local_blocks", "mismatches", "new_seed", "point", "words"]
+
+ALGORITHM = "exact-row-and-column-sums-mod-2^61-1/1"
+ROW = 1 << 12  # words per row of a 0-d or 1-d leaf
+_EXACT_ON_DEVICE = 1 << 16  # 16-bit halves summed in uint32: exact up to this many terms
+_BUFFER = 1 << 20  # NumPy's casting buffer (elements) for the uint32 -> uint64 sums: 2x faster than 8192
 
 
-def _words(block: np.ndarray) -> np.ndarray:
-  """``block`` (C-contiguous, ndim >= 1) as unsigned words: a view except for sub-byte dtypes."""
+def new_seed() -> int:
+  """A fresh random seed for the points of one save (the same on every process)."""
+  seed = np.array([secrets.randbits(32), secrets.randbits(32)], np.uint32)
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    seed = np.asarray(multihost_utils.broadcast_one_to_all(seed))
+  return int(seed[0]) << 32 | int(seed[1])
+
+
+def point(seed: int, role: str, d: int) -> int:
+  """The point of dimension ``d`` of the row (``role="row"``) or column sums: in [2, P),
+  derived from the seed by BLAKE2b (stable across NumPy versions)."""
+  digest = hashlib.blake2b(f"{seed}/{role}/{d}".encode(), digest_size=16).digest()
+  return 2 + int.from_bytes(digest, "little") % (mersenne.P - 2)
+
+
+def words(block: np.ndarray) -> np.ndarray:
+  """``block`` (ndim >= 1) as unsigned words: a view except for sub-byte dtypes."""
   dtype = block.dtype
   bits = jax.dtypes.itemsize_bits(dtype) if dtype != np.bool_ else 8
+  block = np.ascontiguousarray(block)
   if bits < 8:
     return block.view(np.uint8) & np.uint8((1 << bits) - 1)
   if dtype.itemsize in (1, 2):
@@ -48,63 +88,84 @@ def _words_per_item(dtype) -> int:
   return max(np.dtype(dtype).itemsize // 4, 1)
 
 
-def _moment(v: np.ndarray) -> int:
-  """``sum(j * v[j])`` modulo 2**32 of a vector of unsigned words."""
-  n = v.shape[0]
-  if n <= 4 * _BLOCK:
-    return int(np.dot(np.arange(n, dtype=np.uint64), v.astype(np.uint64))) & _MASK
-  rows = n // _BLOCK
-  head = v[:rows * _BLOCK].reshape(rows, _BLOCK)
-  tail = v[rows * _BLOCK:]
-  row_sums = head.sum(axis=1, dtype=np.uint32)
-  col_sums = head.sum(axis=0, dtype=np.uint32)
-  tail_sum = int(tail.sum(dtype=np.uint64))
-  return (_BLOCK * _moment(row_sums) + _moment(col_sums) + rows * _BLOCK * tail_sum + _moment(tail)) & _MASK
-
-
-def _host_partial(block: np.ndarray) -> list[int]:
-  """``[sum(u), sum(u * j_0), ...]`` of one block with *local* indices ``j``."""
-  u = _words(np.ascontiguousarray(block).reshape(block.shape or (1,)))
-  if u.ndim == 1:
-    return [int(u.sum(dtype=np.uint64)) & _MASK, _moment(u)]
-  lead = u.sum(axis=-1, dtype=np.uint32)  # one pass; the other dimensions come from this smaller array
-  last = u.reshape(-1, u.shape[-1]).sum(axis=0, dtype=np.uint32)  # second pass
-  axes = tuple(range(lead.ndim))
-  moments = [_moment(lead.sum(axis=axes[:d] + axes[d + 1:], dtype=np.uint32)) for d in axes]
-  return [int(last.sum(dtype=np.uint64)) & _MASK] + moments + [_moment(last)]
-
-
 @jax.jit
-def _device_partial(block: jax.Array) -> jax.Array:
-  """``_host_partial`` computed on the block's own (accelerator) device."""
-  block = block.reshape(block.shape or (1,))
+def _device_words(block: jax.Array) -> jax.Array:
+  """``words`` on the block's own device, as uint32."""
   dtype = np.dtype(block.dtype)
   bits = jax.dtypes.itemsize_bits(dtype) if dtype != np.bool_ else 8
   if dtype == np.bool_:
-    u = block.astype(jnp.uint8)
-  elif bits < 8:  # the same bits as an unsigned sub-byte integer, then widened
-    u = jax.lax.bitcast_convert_type(block, getattr(jnp, f"uint{bits}")).astype(jnp.uint8)
-  elif dtype.itemsize in (1, 2):
-    u = jax.lax.bitcast_convert_type(block, jnp.uint8 if dtype.itemsize == 1 else jnp.uint16)
+    return block.astype(jnp.uint32)
+  if bits < 8:  # the same bits as an unsigned sub-byte integer, then widened
+    return jax.lax.bitcast_convert_type(block, getattr(jnp, f"uint{bits}")).astype(jnp.uint32)
+  if dtype.itemsize in (1, 2):
+    unsigned = jnp.uint8 if dtype.itemsize == 1 else jnp.uint16
+    return jax.lax.bitcast_convert_type(block, unsigned).astype(jnp.uint32)
+  u = jax.lax.bitcast_convert_type(block, jnp.uint32)
+  return u.reshape(u.shape[:-2] + (u.shape[-2] * u.shape[-1],)) if dtype.itemsize > 4 else u
+
+
+@jax.jit
+def _device_sums(u: jax.Array) -> tuple:
+  """Row and column sums of a uint32 matrix as exact 16-bit-half sums (each < 2**32)."""
+  low, high = u & 0xFFFF, u >> 16
+  return (low.sum(axis=-1, dtype=jnp.uint32), high.sum(axis=-1, dtype=jnp.uint32),
+          low.sum(axis=0, dtype=jnp.uint32), high.sum(axis=0, dtype=jnp.uint32))
+
+
+def _sums(matrix, on_device: bool) -> tuple[np.ndarray, np.ndarray]:
+  """Exact (row sums, column sums) of a 2-d block of words, as uint64."""
+  if on_device and max(matrix.shape) <= _EXACT_ON_DEVICE:
+    low_r, high_r, low_c, high_c = (np.asarray(s, np.uint64) for s in _device_sums(matrix))
+    return low_r + (high_r << np.uint64(16)), low_c + (high_c << np.uint64(16))
+  matrix = np.asarray(matrix)
+  np.setbufsize(_BUFFER)  # per thread
+  return matrix.sum(axis=-1, dtype=np.uint64), matrix.sum(axis=0, dtype=np.uint64)
+
+
+def _pieces(u, start: int):
+  """``(matrix, row, column)`` pieces of a run of words starting at flat word ``start`` of a
+  0-d or 1-d leaf, cut on its rows of ``ROW`` words."""
+  out, at, end = [], start, start + u.shape[0]
+  while at < end:
+    row, column = divmod(at, ROW)
+    if column or end - at < ROW:  # a partial row
+      n = min(ROW - column, end - at)
+      out.append((u[at - start:at - start + n].reshape(1, n), row, column))
+    else:  # full rows
+      n = (end - at) // ROW * ROW
+      out.append((u[at - start:at - start + n].reshape(-1, ROW), row, 0))
+    at += n
+  return out
+
+
+def _block_hash(block, starts: list[int], on_device: bool, points) -> np.ndarray:
+  """This block's share ``[L(row sums), L(column sums)]``; ``starts`` are its global offsets."""
+  block = block.reshape(np.shape(block) or (1,))
+  u = _device_words(block) if on_device else words(np.asarray(block))
+  if u.ndim == 1:
+    parts = [(m, [r], [c]) for m, r, c in _pieces(u, starts[-1])]
+    rows_points, columns_points = points(1)
   else:
-    u = jax.lax.bitcast_convert_type(block, jnp.uint32)
-    if dtype.itemsize > 4:  # (..., n, words) -> (..., n * words), as NumPy's view
-      u = u.reshape(u.shape[:-2] + (u.shape[-2] * u.shape[-1],))
-  u = u.astype(jnp.uint32)
-  sums = [jnp.sum(u, dtype=jnp.uint32)]
-  sums += [jnp.sum(u * jax.lax.broadcasted_iota(jnp.uint32, u.shape, d), dtype=jnp.uint32) for d in range(u.ndim)]
-  return jnp.stack(sums)
+    parts = [(u.reshape(-1, u.shape[-1]), starts[:-1], starts[-1:])]
+    rows_points, columns_points = points(u.ndim - 1)
+  total = np.zeros(2, object)
+  for matrix, row_starts, column_start in parts:
+    row_sums, column_sums = _sums(matrix, on_device)
+    row_sums = row_sums.reshape(u.shape[:-1] if u.ndim > 1 else (-1,))
+    total += [mersenne.polynomial(row_sums, row_starts, rows_points),
+              mersenne.polynomial(column_sums, column_start, columns_points)]
+  return total % mersenne.P
 
 
-def _offsets(index: tuple, shape: tuple, words: int) -> list[int]:
+def _starts(index: tuple, shape: tuple, per_item: int) -> list[int]:
   """Global start of a shard along each word dimension (a 0-d leaf: ``[0]``)."""
   starts = [s.start or 0 for s in index] or [0]
-  starts[-1] *= words if shape else 1
+  starts[-1] *= per_item if shape else 1
   return starts
 
 
-def _blocks(leaf: Any, force_device: bool) -> list[tuple[Any, list[int], bool]]:
-  """``(block, global offsets, on_device)`` of the parts of a leaf this process adds up:
+def local_blocks(leaf: Any, force_device: bool = False) -> list[tuple[Any, list[int], bool]]:
+  """``(block, global word offsets, on_device)`` of the parts of a leaf this process adds up:
   one replica of each of its shards; a host value, or with several processes an array on this
   process's devices only (the same on every process), on process 0 only (it alone writes it)."""
   shape = tuple(np.shape(leaf))
@@ -112,35 +173,10 @@ def _blocks(leaf: Any, force_device: bool) -> list[tuple[Any, list[int], bool]]:
     return [(np.asarray(leaf), [0] * max(len(shape), 1), False)] if jax.process_index() == 0 else []
   if jax.process_count() > 1 and leaf.is_fully_addressable and jax.process_index() != 0:
     return []
-  words = _words_per_item(leaf.dtype)
-  return [(shard.data, _offsets(shard.index, shape, words), force_device or shard.device.platform != "cpu")
+  per_item = _words_per_item(leaf.dtype)
+  return [(shard.data, _starts(shard.index, shape, per_item),
+           force_device or shard.device.platform != "cpu")
           for shard in leaf.addressable_shards if shard.replica_id == 0]
-
-
-def _add_shard(total: list[int], partial: list[int], offsets: list[int]) -> None:
-  """Adds a shard's local sums to ``total``, moving its moments to global indices."""
-  count = partial[0]
-  total[0] = (total[0] + count) & _MASK
-  for d, (moment, start) in enumerate(zip(partial[1:], offsets)):
-    total[d + 1] = (total[d + 1] + moment + start * count) & _MASK
-
-
-def _local_checksums(leaves: list[Any], force_device: bool) -> list[list[int]]:
-  """This process's share of each leaf's checksum.
-
-  Accelerator shards are reduced on their devices (dispatched together, then
-  fetched); CPU shards are read in place by a thread pool (NumPy releases the
-  GIL in its reductions).
-  """
-  tasks = [(i, *block) for i, leaf in enumerate(leaves) for block in _blocks(leaf, force_device)]
-  on_device = {k: _device_partial(t[1]) for k, t in enumerate(tasks) if t[3]}
-  host = [k for k, t in enumerate(tasks) if not t[3]]
-  partials = dict(zip(host, _pool().map(lambda k: _host_partial(np.asarray(tasks[k][1])), host)))
-  partials.update({k: [int(v) for v in np.asarray(p)] for k, p in on_device.items()})
-  totals = [[0] * (1 + max(np.ndim(leaf), 1)) for leaf in leaves]
-  for k, (i, _, offsets, _) in enumerate(tasks):
-    _add_shard(totals[i], partials[k], offsets)
-  return totals
 
 
 _POOL = None
@@ -154,28 +190,38 @@ def _pool() -> concurrent.futures.ThreadPoolExecutor:
   return _POOL
 
 
-def _sum_over_processes(per_leaf: list[list[int]]) -> list[list[int]]:
-  if jax.process_count() == 1 or not per_leaf:
-    return per_leaf
-  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
-  flat = np.array([v for sums in per_leaf for v in sums], np.uint32)
-  gathered = multihost_utils.process_allgather(flat).astype(np.uint64).sum(axis=0) & _MASK
-  out, at = [], 0
-  for sums in per_leaf:
-    out.append([int(v) for v in gathered[at:at + len(sums)]])
-    at += len(sums)
-  return out
+def _points(seed: int):
+  """``points(leading) -> (row points, column points)`` for a matrix with ``leading`` row dims."""
+  return lambda leading: ([point(seed, "row", d) for d in range(leading)], [point(seed, "column", 0)])
 
 
-def checksums(leaves: dict[str, Any], *, force_device: bool = False) -> dict[str, list[int]]:
-  """``{leaf name: checksum}`` of ``{leaf name: array}`` (the arrays as written or as read).
+def _sum_over_processes(per_leaf: list[np.ndarray]) -> list[list[int]]:
+  flat = [int(v) for sums in per_leaf for v in sums]
+  if jax.process_count() > 1 and flat:
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    halves = np.array([[v >> 32, v & 0xFFFFFFFF] for v in flat], np.uint32)  # jax has no uint64
+    gathered = np.asarray(multihost_utils.process_allgather(halves)).reshape(-1, len(flat), 2)
+    flat = [sum(int(h) << 32 | int(l) for h, l in column) % mersenne.P
+            for column in gathered.transpose(1, 0, 2)]
+  return [flat[2 * i:2 * i + 2] for i in range(len(per_leaf))]
 
-  Every process must call it with the same names (a collective with several
-  processes). ``force_device`` computes CPU shards the accelerator way (tests).
+
+def checksums(leaves: dict[str, Any], seed: int, *, force_device: bool = False) -> dict[str, list[int]]:
+  """``{leaf name: [row residue, column residue]}`` of ``{leaf name: array}`` (as written or read).
+
+  Every process must call it with the same names and seed (a collective with
+  several processes). CPU shards are read in place by a thread pool (NumPy
+  releases the GIL in its sums); accelerator shards are summed on their
+  devices. ``force_device`` sums CPU shards the accelerator way (tests).
   """
   names = list(leaves)
-  per_leaf = _sum_over_processes(_local_checksums([leaves[n] for n in names], force_device))
-  return dict(zip(names, per_leaf))
+  points = _points(seed)
+  tasks = [(i, *block) for i, name in enumerate(names) for block in local_blocks(leaves[name], force_device)]
+  hashes = _pool().map(lambda t: _block_hash(t[1], t[2], t[3], points), tasks)
+  totals = [np.zeros(2, object) for _ in names]
+  for (i, *_), h in zip(tasks, hashes):
+    totals[i] = (totals[i] + h) % mersenne.P
+  return dict(zip(names, _sum_over_processes(totals)))
 
 
 def mismatches(saved: dict[str, list[int]], read: dict[str, list[int]]) -> list[str]:

@@ -19,7 +19,6 @@ import jax
 import orbax.checkpoint as ocp
 
 from checkpoints import failures
-from checkpoints import integrity
 from checkpoints import layout
 from checkpoints import quiet
 from checkpoints import record
@@ -88,7 +87,7 @@ class CheckpointManager:
       barrier("create_directory", self.policy.timeout_s)
     self._mngr = ocp.CheckpointManager(
         self.directory,
-        item_names=("state", "layout", "metadata"),
+        item_handlers=self.policy.item_handlers(),
         options=self.policy.manager_options(read_only=read_only),
     )
 
@@ -201,7 +200,7 @@ class CheckpointManager:
       _log.warning("Checkpoint step %d in %s was written without checksums: its bytes are not verified.",
                    step, self.directory)
       return values
-    damaged = integrity.mismatches(saved.checksums, integrity.checksums(values))
+    damaged = saved.damaged(values)
     if damaged:
       shown = ", ".join(repr(n) for n in damaged[:5]) + (f" and {len(damaged) - 5} more" if len(damaged) > 5 else "")
       raise CorruptCheckpointError(

@@ -1,11 +1,13 @@
 """The record saved beside each step's arrays: their layout, their checksums and a digest.
 
-The ``layout`` item is ``{"format", "leaves", "checksums", "digest"}``:
-``leaves`` is each leaf's shape, dtype and key implementation,
-``checksums`` each leaf's layout-independent checksum (checkpoints.integrity),
-and ``digest`` a SHA-256 of the leaves, checksums and the user metadata, so
-damage to these small JSON files is caught as well. Steps written before
-checksums existed (format 1) restore without verification.
+The ``layout`` item is ``{"format", "algorithm", "seed", "leaves", "checksums",
+"digest"}``: ``leaves`` is each leaf's shape, dtype and key implementation,
+``checksums`` each leaf's layout-independent checksum (checkpoints.integrity,
+at the points drawn from ``seed``), and ``digest`` a SHA-256 of the leaves,
+checksums, seed and the user metadata, so damage to these small JSON files is
+caught as well. Older steps stay readable: format 2 (checksums of
+checkpoints.integrity_v2) is verified with its own checksum, format 1 (no
+checksums) restores unverified.
 """
 
 import hashlib
@@ -13,25 +15,36 @@ import json
 from typing import Any
 
 from checkpoints import integrity
+from checkpoints import integrity_v2
 from checkpoints import layout
 
 __all__ = ["FORMAT", "Record", "make", "parse"]
 
-FORMAT = "shardopt.checkpoint/2"
+FORMAT = "shardopt.checkpoint/3"
+_FORMAT_2 = "shardopt.checkpoint/2"
 _UNVERIFIED_FORMAT = "shardopt.checkpoint/1"
 
 
 class Record:
-  """A parsed, self-consistent record (``checksums`` is None for unverified format-1 steps)."""
+  """A parsed, self-consistent record; ``verify`` checks arrays as read against it."""
 
-  def __init__(self, leaves: dict[str, dict], checksums: dict[str, list[int]] | None):
+  def __init__(self, leaves: dict[str, dict], checksums: dict[str, list[int]] | None,
+               recompute=None):
     self.leaves = leaves
-    self.checksums = checksums
+    self.checksums = checksums  # None: a format-1 step, restored unverified
+    self._recompute = recompute
+
+  def damaged(self, values: dict[str, Any]) -> list[str]:
+    """Names of the leaves of ``values`` (as read) whose checksum differs from the saved one
+    (a collective with several processes)."""
+    return integrity.mismatches(self.checksums, self._recompute(values))
 
 
-def _digest(leaves: dict, checksums: dict, metadata: Any) -> str:
-  text = json.dumps({"leaves": leaves, "checksums": checksums, "metadata": metadata}, sort_keys=True)
-  return hashlib.sha256(text.encode()).hexdigest()
+def _digest(leaves: dict, checksums: dict, metadata: Any, seed: int | None = None) -> str:
+  fields = {"leaves": leaves, "checksums": checksums, "metadata": metadata}
+  if seed is not None:
+    fields["seed"] = seed
+  return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
 def make(state: Any, saveable: dict[str, Any], metadata: Any) -> dict:
@@ -40,20 +53,30 @@ def make(state: Any, saveable: dict[str, Any], metadata: Any) -> dict:
   A collective with several processes: every process calls it.
   """
   leaves = layout.describe(layout.named_leaves(state))
-  sums = integrity.checksums(saveable)
-  return {"format": FORMAT, "algorithm": integrity.ALGORITHM, "leaves": leaves, "checksums": sums,
-          "digest": _digest(leaves, sums, metadata)}
+  seed = integrity.new_seed()
+  sums = integrity.checksums(saveable, seed)
+  return {"format": FORMAT, "algorithm": integrity.ALGORITHM, "seed": seed, "leaves": leaves,
+          "checksums": sums, "digest": _digest(leaves, sums, metadata, seed)}
+
+
+def _check_digest(saved: dict, metadata: Any, seed: int | None) -> None:
+  if _digest(saved.get("leaves"), saved.get("checksums"), metadata, seed) != saved.get("digest"):
+    raise ValueError("its layout or metadata file changed after it was written (digest mismatch)")
 
 
 def parse(saved: Any, metadata: Any) -> Record:
   """The record as read, or ValueError/TypeError saying what is wrong with it."""
   if not isinstance(saved, dict):
     raise TypeError("its layout item is not a JSON object")
-  if saved.get("format") == _UNVERIFIED_FORMAT:
+  form, algorithm = saved.get("format"), saved.get("algorithm")
+  if form == _UNVERIFIED_FORMAT:
     return Record(saved["leaves"], None)
-  if saved.get("format") != FORMAT or saved.get("algorithm") != integrity.ALGORITHM:
-    raise ValueError(f"its layout item has format {saved.get('format')!r} / {saved.get('algorithm')!r}, "
-                     f"not {FORMAT!r} / {integrity.ALGORITHM!r}")
-  if _digest(saved.get("leaves"), saved.get("checksums"), metadata) != saved.get("digest"):
-    raise ValueError("its layout or metadata file changed after it was written (digest mismatch)")
-  return Record(saved["leaves"], saved["checksums"])
+  if form == _FORMAT_2 and algorithm == integrity_v2.ALGORITHM:
+    _check_digest(saved, metadata, None)
+    return Record(saved["leaves"], saved["checksums"], integrity_v2.checksums)
+  if form != FORMAT or algorithm != integrity.ALGORITHM or not isinstance(saved.get("seed"), int):
+    raise ValueError(f"its layout item has format {form!r} / {algorithm!r}, "
+                     f"not {FORMAT!r} / {integrity.ALGORITHM!r} with a seed")
+  _check_digest(saved, metadata, saved["seed"])
+  seed = saved["seed"]
+  return Record(saved["leaves"], saved["checksums"], lambda values: integrity.checksums(values, seed))

@@ -3,6 +3,7 @@ construction errors, and Orbax noise kept off the terminal."""
 
 import errno
 import gc
+import hashlib
 import json
 import os
 import pathlib
@@ -12,7 +13,7 @@ import sys
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import PartitionSpec as P_
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -20,6 +21,7 @@ import tensorstore
 
 import checkpoints as ck
 from checkpoints import integrity
+from checkpoints import integrity_v2
 from checkpoints import layout
 from checkpoints import quiet
 
@@ -33,7 +35,7 @@ def _mesh(shape):
 def _sharding(where, spec=None):
   if where == "1dev":
     return jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  return NamedSharding(_mesh(MESHES[where]), P("a", "b") if spec is None else spec)
+  return NamedSharding(_mesh(MESHES[where]), P_("a", "b") if spec is None else spec)
 
 
 def _state(where="2x4", seed=0):
@@ -42,7 +44,7 @@ def _state(where="2x4", seed=0):
   return {
       "params": {"w": jax.device_put(jax.random.normal(k1, (512, 1024)), _sharding(where))},
       "opt_state": {"codes": jax.device_put(jax.random.randint(k2, (64, 128), -128, 127, jnp.int8),
-                                            _sharding(where, P("b", None)) if where != "1dev" else _sharding(where))},
+                                            _sharding(where, P_("b", None)) if where != "1dev" else _sharding(where))},
       "step": jnp.int32(seed),
       "rng": jax.random.key(seed),
   }
@@ -53,7 +55,7 @@ def _target(where):
     sharding = _sharding(where, spec) if where != "1dev" else _sharding(where)
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
   state = jax.eval_shape(lambda: _state("1dev"))
-  specs = {"params": {"w": P("a", "b")}, "opt_state": {"codes": P("b", None)}, "step": P(), "rng": P()}
+  specs = {"params": {"w": P_("a", "b")}, "opt_state": {"codes": P_("b", None)}, "step": P_(), "rng": P_()}
   return jax.tree.map(leaf, state, specs)
 
 
@@ -81,22 +83,43 @@ def _flip_middle_of_largest_data_file(step_dir, n=64, at=0.5):
 
 # The checksum itself ----------------------------------------------------
 
+P = 2**61 - 1
+SEED = 12345
 
-def _reference_checksum(x: np.ndarray) -> list[int]:
-  """The documented formula on the whole array at once: words, then sums weighted by global indices."""
+
+def _words(x: np.ndarray) -> np.ndarray:
+  """The documented words of ``x``, as Python-int-safe uint64 (shape: the word matrix's)."""
   x = np.asarray(x).reshape(x.shape or (1,))
   if x.dtype == np.bool_:
-    u = x.astype(np.uint64)
-  elif jax.dtypes.itemsize_bits(x.dtype) < 8:
-    u = (x.view(np.uint8) & ((1 << jax.dtypes.itemsize_bits(x.dtype)) - 1)).astype(np.uint64)
-  elif x.dtype.itemsize < 4:
-    u = x.view(np.uint8 if x.dtype.itemsize == 1 else np.uint16).astype(np.uint64)
-  else:
-    u = x.view(np.uint32).astype(np.uint64)
-  out = [int(u.sum()) % 2**32]
-  for index in np.indices(u.shape, dtype=np.uint64):
-    out.append(int((u * index).sum()) % 2**32)
-  return out
+    return x.astype(np.uint64)
+  if jax.dtypes.itemsize_bits(x.dtype) < 8:
+    return (x.view(np.uint8) & ((1 << jax.dtypes.itemsize_bits(x.dtype)) - 1)).astype(np.uint64)
+  if x.dtype.itemsize < 4:
+    return x.view(np.uint8 if x.dtype.itemsize == 1 else np.uint16).astype(np.uint64)
+  return x.view(np.uint32).astype(np.uint64)
+
+
+def _matrix(x: np.ndarray) -> np.ndarray:
+  """The documented word matrix: leading dims x last dim, a 0-d or 1-d leaf in rows of ROW words."""
+  u = _words(x)
+  if u.ndim > 1:
+    return u
+  padded = np.zeros(-(-u.size // integrity.ROW) * integrity.ROW, np.uint64)
+  padded[:u.size] = u  # zeros add nothing to the sums
+  return padded.reshape(-1, integrity.ROW)
+
+
+def _reference_checksum(x, seed=SEED) -> list[int]:
+  """The documented formula with Python integers: exact row and column sums, then
+  sum of s[i] * prod_d z_d ** i_d mod P."""
+  m = _matrix(np.asarray(x))
+  rows, columns = m.sum(axis=-1), m.reshape(-1, m.shape[-1]).sum(axis=0)
+  row_points = [integrity.point(seed, "row", d) for d in range(rows.ndim)]
+  column_point = integrity.point(seed, "column", 0)
+  row_value = sum(int(s) * np.prod([pow(z, i, P) for z, i in zip(row_points, idx)], dtype=object)
+                  for idx, s in np.ndenumerate(rows)) % P
+  column_value = sum(int(s) * pow(column_point, j, P) for j, s in enumerate(columns)) % P
+  return [row_value, column_value]
 
 
 CHECKSUM_CASES = {
@@ -105,7 +128,7 @@ CHECKSUM_CASES = {
     "int8-3d": lambda k: jax.random.randint(k, (8, 16, 24), -128, 127, jnp.int8),
     "bool-2d": lambda k: jax.random.bernoulli(k, 0.5, (64, 96)),
     "int4-2d": lambda k: jax.random.randint(k, (64, 96), -8, 7, jnp.int8).astype(jnp.int4),
-    "f32-1d-long": lambda k: jax.random.normal(k, (5 * 4096 * 8 + 24,)),  # moments by blocks, with a tail
+    "f32-1d-long": lambda k: jax.random.normal(k, (3 * 4096 * 8 + 24,)),  # rows of 4096 words, a partial one
     "u32-0d": lambda k: jax.random.bits(k, (), jnp.uint32),
 }
 
@@ -116,25 +139,93 @@ def test_checksum_equals_the_formula_on_any_layout_on_host_and_on_device(case):
   want = _reference_checksum(np.asarray(x))
   layouts = {"numpy": np.asarray(x), "1dev": jax.device_put(x, jax.devices()[0])}
   if x.ndim >= 1:
-    spec = P(*(["a", "b"] + [None] * x.ndim)[:x.ndim]) if x.ndim >= 2 else P(("a", "b"))
+    spec = P_(*(["a", "b"] + [None] * x.ndim)[:x.ndim]) if x.ndim >= 2 else P_(("a", "b"))
     for name in ("2x4", "4x2", "8x1"):
       layouts[name] = jax.device_put(x, _sharding(name, spec))
-    layouts["replicated"] = jax.device_put(x, _sharding("2x4", P()))
+    layouts["replicated"] = jax.device_put(x, _sharding("2x4", P_()))
   for name, value in layouts.items():
-    assert integrity.checksums({"x": value})["x"] == want, name
+    assert integrity.checksums({"x": value}, SEED)["x"] == want, name
   for name in ("1dev", "2x4") if x.ndim >= 1 else ("1dev",):  # the accelerator path, run on CPU shards
-    assert integrity.checksums({"x": layouts[name]}, force_device=True)["x"] == want, name
+    assert integrity.checksums({"x": layouts[name]}, SEED, force_device=True)["x"] == want, name
 
 
-def test_checksum_changes_with_one_flipped_bit_and_with_moved_values():
+def _flip(x: np.ndarray, *changes) -> np.ndarray:
+  """``x`` (float32) with bits XORed into its words: ``(index, bits)`` pairs."""
+  y = np.array(x, np.float32)
+  for index, bits in changes:
+    y.view(np.uint32)[index] ^= np.uint32(bits)
+  return y
+
+
+def _damage_cases():
+  """(name, intact, damaged): structured damage of the kinds the checksum must catch."""
+  w = np.asarray(jax.random.normal(jax.random.key(3), (64, 96)))
+  positive = [idx for idx in zip(*np.nonzero(w > 0)) if idx[0] % 2 == 0 and idx[1] % 2 == 0]
+  negative = [idx for idx in zip(*np.nonzero(w < 0)) if idx[0] % 2 == 0 and idx[1] % 2 == 0]
+  sign = 1 << 31
+  scales = np.abs(w) + 0.5  # absmax scales of quantized blocks: all positive
+  small = np.abs(w) < 2  # exponent bit 30 clear
+  i = next(i for i in range(92) if small[5, i] and not small[5, i + 4])
+  block = np.array(w)
+  block[:32, :64] *= -1  # 2048 values of both signs
+  negated_scales = np.array(scales)
+  negated_scales[8:12, 16:20] *= -1
+  return [
+      ("paired sign flips, same direction", w, _flip(w, (positive[0], sign), (positive[1], sign))),
+      ("paired sign flips, opposite directions", w, _flip(w, (positive[0], sign), (negative[0], sign))),
+      ("negated 4x4 block of scales", scales, negated_scales),
+      ("exponent bit set at one index, cleared 4 further", w, _flip(w, ((5, i), 1 << 30), ((5, i + 4), 1 << 30))),
+      ("2048 values negated", w, block.astype(np.float32)),
+  ]
+
+
+@pytest.mark.parametrize("case", range(5), ids=[c[0] for c in _damage_cases()])
+def test_structured_damage_changes_the_checksum(case):
+  _, intact, damaged = _damage_cases()[case]
+  assert not np.array_equal(intact, damaged)
+  assert integrity.checksums({"x": intact}, SEED) != integrity.checksums({"x": damaged}, SEED)
+
+
+def test_the_old_checksum_missed_every_one_of_the_structured_cases():
+  """Why format 2 was replaced: its sums modulo 2**32 cancel for all of them."""
+  for name, intact, damaged in _damage_cases():
+    assert integrity_v2.checksums({"x": intact}) == integrity_v2.checksums({"x": damaged}), name
+
+
+def test_any_change_of_up_to_three_words_or_within_a_row_or_column_is_caught():
+  rng = np.random.default_rng(0)
+  x = rng.integers(0, 2**32, (24, 40), dtype=np.uint32)
+  base = integrity.checksums({"x": x}, SEED)
+  for trial in range(300):
+    y = x.copy()
+    if trial % 3 == 0:  # 1 to 3 words anywhere
+      cells = [tuple(rng.integers(0, s) for s in x.shape) for _ in range(rng.integers(1, 4))]
+    elif trial % 3 == 1:  # several words of one row
+      row = rng.integers(0, 24)
+      cells = [(row, c) for c in rng.choice(40, rng.integers(2, 40), replace=False)]
+    else:  # several words of one column
+      column = rng.integers(0, 40)
+      cells = [(r, column) for r in rng.choice(24, rng.integers(2, 24), replace=False)]
+    for cell in cells:
+      y[cell] = rng.integers(0, 2**32, dtype=np.uint32)
+    if not np.array_equal(x, y):
+      assert integrity.checksums({"x": y}, SEED) != base, cells
+
+
+def test_a_change_keeping_every_row_and_column_sum_escapes_as_documented():
+  """The stated limit: +d, -d in one row and -d, +d in another at the same columns."""
+  x = np.full((4, 4), 1000, np.uint32)
+  y = x.copy()
+  y[0, 0] += 7
+  y[0, 2] -= 7
+  y[3, 0] -= 7
+  y[3, 2] += 7
+  assert integrity.checksums({"x": y}, SEED) == integrity.checksums({"x": x}, SEED)
+
+
+def test_the_checksum_depends_on_the_seed():
   x = np.asarray(jax.random.normal(jax.random.key(2), (32, 64)))
-  base = integrity.checksums({"x": x})["x"]
-  flipped = x.copy()
-  flipped.view(np.uint32)[17, 5] ^= 1 << 20
-  swapped_cols = x[:, ::-1].copy()
-  swapped_rows = x[::-1].copy()
-  for changed in (flipped, swapped_cols, swapped_rows):
-    assert integrity.checksums({"x": changed})["x"] != base
+  assert integrity.checksums({"x": x}, 1) != integrity.checksums({"x": x}, 2)
 
 
 # Damaged data -----------------------------------------------------------
@@ -184,6 +275,26 @@ def test_flipped_bytes_in_a_data_file_name_leaf_and_step_and_the_previous_step_i
   _assert_bit_equal(restored.state, _state(seed=1))
 
 
+@pytest.mark.parametrize("case", range(5), ids=[c[0] for c in _damage_cases()])
+def test_structured_damage_in_a_saved_step_names_the_step_and_the_leaf(tmp_path, case):
+  """The damaged values are written by Orbax itself (a decodable step), then take the place of
+  the intact step's arrays: only the checksum can tell."""
+  _, intact, damaged = _damage_cases()[case]
+  sharding = _sharding("2x4", P_("a", "b"))
+  state = lambda x: {"params": {"w": jax.device_put(jnp.asarray(x, jnp.float32), sharding)}}
+  with ck.CheckpointManager(tmp_path / "run", ck.CheckpointPolicy(async_save=False)) as mngr:
+    mngr.save(3, state(intact))
+  with ck.CheckpointManager(tmp_path / "other", ck.CheckpointPolicy(async_save=False)) as mngr:
+    mngr.save(3, state(damaged))
+  shutil.rmtree(tmp_path / "run" / "3" / "state")
+  shutil.copytree(tmp_path / "other" / "3" / "state", tmp_path / "run" / "3" / "state")
+  target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), state(intact))
+  with ck.CheckpointManager(tmp_path / "run") as mngr, pytest.raises(ck.CorruptCheckpointError) as info:
+    mngr.restore(target)
+  assert info.value.step == 3 and info.value.leaves == ("params.w",), str(info.value)
+  assert "step 3" in str(info.value) and "'params.w'" in str(info.value)
+
+
 def test_damage_is_found_when_restoring_onto_another_mesh(tmp_path):
   _save_steps(tmp_path)
   damaged = _damage_step(tmp_path, 2, _target("4x2"))
@@ -197,7 +308,7 @@ def test_cross_mesh_restore_is_bit_equal_with_checksums_verified(tmp_path, where
   _save_steps(tmp_path, steps=(3,))
   verified = []
   real = integrity.checksums
-  monkeypatch.setattr(integrity, "checksums", lambda leaves, **kw: verified.append(sorted(leaves)) or real(leaves, **kw))
+  monkeypatch.setattr(integrity, "checksums", lambda leaves, *a, **kw: verified.append(sorted(leaves)) or real(leaves, *a, **kw))
   with ck.CheckpointManager(tmp_path) as mngr:
     restored = mngr.restore(_target(where))
   _assert_bit_equal(restored.state, _state(seed=3))
@@ -240,6 +351,26 @@ def test_step_written_before_checksums_restores_unverified_with_a_warning(tmp_pa
     restored = mngr.restore(_target("4x2"))
   _assert_bit_equal(restored.state, _state(seed=1))
   assert any("without checksums" in r.getMessage() for r in caplog.records)
+
+
+def test_step_of_format_2_restores_verified_by_its_own_checksum(tmp_path):
+  """Steps written before this checksum keep theirs: verified, and damage to them is caught."""
+  _save_steps(tmp_path, steps=(1, 2))
+  for step in (1, 2):
+    record_file = tmp_path / str(step) / "layout" / "metadata"
+    saved = json.loads(record_file.read_text())
+    metadata = json.loads((tmp_path / str(step) / "metadata" / "metadata").read_text())
+    sums = integrity_v2.checksums(layout.to_saveable(_state(seed=step)))
+    text = json.dumps({"leaves": saved["leaves"], "checksums": sums, "metadata": metadata}, sort_keys=True)
+    record_file.write_text(json.dumps({
+        "format": "shardopt.checkpoint/2", "algorithm": integrity_v2.ALGORITHM, "leaves": saved["leaves"],
+        "checksums": sums, "digest": hashlib.sha256(text.encode()).hexdigest()}))
+  damaged = _damage_step(tmp_path, 2, _target("4x2"))
+  with ck.CheckpointManager(tmp_path) as mngr:
+    with pytest.raises(ck.CorruptCheckpointError) as info:
+      mngr.restore(_target("4x2"))
+    assert info.value.step == 2 and sorted(info.value.leaves) == damaged
+    _assert_bit_equal(mngr.restore(_target("4x2"), 1).state, _state(seed=1))
 
 
 # Errors that are not corruption ----------------------------------------------
