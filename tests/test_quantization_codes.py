@@ -2,7 +2,9 @@
 
 Independent truths: the code tables written out by hand from the papers'
 definitions, the nearest entry found by brute force (numpy argmin), error
-bounds of half the widest gap between entries times the block's absmax.
+bounds derived by hand per code (half the widest gap of a table rounded to
+its nearest entry; for the companded code, the gap at the top times the
+share of it past the boundary) times the block's absmax.
 """
 
 import jax
@@ -10,10 +12,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import shardopt
 from shardopt._src.quantization import blocks
 from shardopt._src.quantization import codes
 
-BOOKS = [(8, True), (8, False), (4, True), (4, False)]
+# (bits, signed, code); the 4-bit unsigned book is the same in both codes.
+BOOKS = [(8, True, "dynamic"), (8, False, "dynamic"), (4, True, "dynamic"),
+         (4, False, "dynamic"), (8, True, "companded"), (8, False, "companded"),
+         (4, True, "companded")]
 
 
 def _encode(book, x):
@@ -37,47 +43,76 @@ def test_four_bit_tables_by_hand():
                              [-v for v in signed[::-1]] + [0.0] + signed, rtol=1e-6)
   np.testing.assert_allclose(codes.code_book(4, False).values,
                              np.arange(1, 17) / 16, rtol=0)
+  # Companded: y = k / 7 expands to x = y / (2 - y) = k / (14 - k).
+  companded = [1 / 13, 2 / 12, 3 / 11, 4 / 10, 5 / 9, 6 / 8, 1.0]
+  np.testing.assert_allclose(codes.code_book(4, True, "companded").values,
+                             [-v for v in companded[::-1]] + [0.0] + companded,
+                             rtol=1e-6)
+  assert codes.code_book(4, False, "companded").name == codes.code_book(4, False).name
 
 
-@pytest.mark.parametrize("bits,signed,size,smallest", [
-    (8, True, 255, 1e-6), (8, False, 256, 1e-7), (4, True, 15, 1e-2),
-    (4, False, 16, 1 / 16)])
-def test_table_sizes_extremes_and_zero(bits, signed, size, smallest):
-  values = codes.code_book(bits, signed).values
+def test_eight_bit_companded_tables_by_hand():
+  k = np.arange(1, 128)
+  np.testing.assert_allclose(
+      codes.code_book(8, True, "companded").values,
+      np.concatenate([-(k / (254 - k))[::-1], [0.0], k / (254 - k)]), rtol=1e-6)
+  np.testing.assert_allclose(codes.code_book(8, False, "companded").values,
+                             np.arange(1, 257) / 256, rtol=0)
+
+
+@pytest.mark.parametrize("bits,signed,code,size,smallest", [
+    (8, True, "dynamic", 255, 1e-6), (8, False, "dynamic", 256, 1e-7),
+    (4, True, "dynamic", 15, 1e-2), (4, False, "dynamic", 16, 1 / 16),
+    (8, True, "companded", 255, 1 / 253), (8, False, "companded", 256, 1 / 256),
+    (4, True, "companded", 15, 1 / 13)])
+def test_table_sizes_extremes_and_zero(bits, signed, code, size, smallest):
+  book = codes.code_book(bits, signed, code)
+  values = book.values
   assert len(values) == size <= 2 ** bits
   assert np.all(np.diff(values) > 0)
   assert values[-1] == 1.0
-  assert values[0] == (-1.0 if signed else (0.0 if bits == 8 else 1 / 16))
+  zero_entry = signed or book.kind == "dynamic"
+  assert values[0] == (-1.0 if signed else (0.0 if zero_entry else smallest))
   np.testing.assert_allclose(values[values > 0].min(), smallest, rtol=1e-6)
-  assert (0.0 in values) == (bits == 8 or signed)
+  assert (0.0 in values) == zero_entry
 
 
-@pytest.mark.parametrize("bits,signed", BOOKS)
-def test_encode_is_the_nearest_entry(bits, signed):
-  book = codes.code_book(bits, signed)
+def _compand(book, x):
+  """Where ``book`` rounds: the compander for a companded book, else ``x``."""
+  return 2 * x / (1 + np.abs(x)) if book.kind == "companded" else x
+
+
+@pytest.mark.parametrize("bits,signed,code", BOOKS)
+def test_encode_is_the_nearest_entry(bits, signed, code):
+  """Nearest in ``x``; for the companded code nearest in ``2x / (1 + |x|)``."""
+  book = codes.code_book(bits, signed, code)
   rng = np.random.default_rng(0)
   low = -1.0 if signed else 0.0
   x = np.concatenate([rng.uniform(low, 1, 20_000), rng.uniform(low, 1, 5_000) * 1e-3,
                       rng.uniform(low, 1, 5_000) * 1e-6]).astype(np.float32)
-  got = _decode(book, _encode(book, x))
-  nearest = np.abs(x[:, None] - book.values[None, :]).min(axis=1)
-  error = np.abs(got - x)
-  zero_point = (x > 0) & (got == book.values[book.values > 0].min())  # never 0
-  assert np.all((error <= nearest * (1 + 1e-6) + 1e-12) | zero_point)
+  got = _compand(book, _decode(book, _encode(book, x)).astype(np.float64))
+  y, table = _compand(book, x.astype(np.float64)), _compand(book, book.values)
+  nearest = np.abs(y[:, None] - table[None, :]).min(axis=1)
+  error = np.abs(got - y)
+  zero_point = (x > 0) & (got == table[table > 0].min())  # never 0
+  assert np.all((error <= nearest * (1 + 1e-5) + 1e-7) | zero_point)
 
 
-@pytest.mark.parametrize("bits,signed", BOOKS)
-def test_every_entry_encodes_to_itself(bits, signed):
-  book = codes.code_book(bits, signed)
+@pytest.mark.parametrize("bits,signed,code", BOOKS)
+def test_every_entry_encodes_to_itself(bits, signed, code):
+  book = codes.code_book(bits, signed, code)
   index = _encode(book, book.values)
   np.testing.assert_array_equal(np.asarray(index), np.arange(len(book.values)))
   np.testing.assert_array_equal(_decode(book, index), book.values)
 
 
-def test_unsigned_codes_never_round_a_positive_value_to_zero():
-  book = codes.code_book(8, False)
-  index = _encode(book, np.asarray([0.0, 1e-30, 1e-9, -0.5], np.float32))
-  np.testing.assert_array_equal(np.asarray(index), [0, 1, 1, 0])
+@pytest.mark.parametrize("bits,code", [(8, "dynamic"), (8, "companded"), (4, "dynamic")])
+def test_unsigned_codes_never_round_a_positive_value_to_zero(bits, code):
+  book = codes.code_book(bits, False, code)
+  x = np.asarray([0.0, 1e-30, 1e-9, 1e-3, -0.5], np.float32)
+  got = _decode(book, _encode(book, x))
+  assert np.all(got[1:4] > 0)
+  assert got[0] == got[4] == book.values[0]  # 0, or the zero-free first entry
 
 
 def test_pack_puts_two_indices_per_byte():
@@ -103,16 +138,28 @@ def _coded(book, x):
   return np.sqrt(np.maximum(x, 0)) if book.root else x
 
 
-def _max_error(book):
-  """The largest rounding error within [-1, 1] (signed) or [0, 1]: half the
-  widest gap, or the distance from 0 up to a zero-free book's first entry."""
-  below = 0.0 if book.signed else float(book.values[0])
-  return max(float(np.diff(book.values).max()) / 2, below)
+# The largest |x - decode(encode(x))| over [-1, 1] (signed) or [0, 1], by hand:
+# dynamic, half the widest gap (the top decade's 2**levels steps of 0.9);
+# linear zero-free, the distance from 0 to its first entry 1 / 2**bits;
+# companded (x_k = k / (2L - k)), from the boundary (2L - 1) / (2L + 1) up
+# to 1: 2 / (2L + 1), the widest (the gap past the boundary grows with k).
+MAX_ERROR = {
+    "dynamic-signed-8": 0.9 / 64 / 2, "dynamic-unsigned-8": 0.9 / 128 / 2,
+    "dynamic-signed-4": 0.9 / 4 / 2, "linear-zero-free-sqrt-4": 1 / 16,
+    "linear-zero-free-sqrt-8": 1 / 256, "companded-signed-8": 2 / 255,
+    "companded-signed-4": 2 / 15,
+}
 
 
-@pytest.mark.parametrize("bits,signed", BOOKS)
-def test_block_round_trip_error_is_bounded_per_block(bits, signed):
-  book = codes.code_book(bits, signed)
+@pytest.mark.parametrize("bits,signed,code", BOOKS)
+def test_stated_error_bounds(bits, signed, code):
+  book = codes.code_book(bits, signed, code)
+  np.testing.assert_allclose(codes.max_error(book), MAX_ERROR[book.name], rtol=1e-5)
+
+
+@pytest.mark.parametrize("bits,signed,code", BOOKS)
+def test_block_round_trip_error_is_bounded_per_block(bits, signed, code):
+  book = codes.code_book(bits, signed, code)
   rng = np.random.default_rng(1)
   x = rng.standard_normal((8, 64)) * np.logspace(-4, 2, 8)[:, None]
   x = (x if signed else x ** 2).astype(np.float32)
@@ -122,7 +169,7 @@ def test_block_round_trip_error_is_bounded_per_block(bits, signed):
   x, got = _coded(book, x), _coded(book, got)
   absmax = np.abs(x).reshape(8, 2, 32).max(axis=2)
   np.testing.assert_array_equal(np.asarray(q.scales), absmax)
-  bound = absmax * _max_error(book) * (1 + 1e-5)
+  bound = absmax * MAX_ERROR[book.name] * (1 + 1e-5)
   error = np.abs(got - x).reshape(8, 2, 32).max(axis=2)
   assert np.all(error <= bound)
   # The absmax element of each block is stored exactly (its root, up to the
@@ -133,9 +180,9 @@ def test_block_round_trip_error_is_bounded_per_block(bits, signed):
                              blocks_x[np.arange(16), top], rtol=1e-6 if book.root else 0)
 
 
-@pytest.mark.parametrize("bits,signed", BOOKS)
-def test_zero_blocks_stay_zero(bits, signed):
-  book = codes.code_book(bits, signed)
+@pytest.mark.parametrize("bits,signed,code", BOOKS)
+def test_zero_blocks_stay_zero(bits, signed, code):
+  book = codes.code_book(bits, signed, code)
   x = np.zeros((2, 32), np.float32)
   x[1] = 1.0
   q, got = _round_trip(book, bits, (1, 32), x)
@@ -143,36 +190,43 @@ def test_zero_blocks_stay_zero(bits, signed):
   np.testing.assert_array_equal(got, x)
 
 
-def test_signed_extremes_and_unsigned_negatives():
+@pytest.mark.parametrize("code", codes.CODES)
+def test_signed_extremes_and_unsigned_negatives(code):
   x = np.asarray([[-3.0, 3.0, 0.0, 1.5]], np.float32)
-  _, got = _round_trip(codes.code_book(8, True), 8, (1, 4), x)
+  _, got = _round_trip(codes.code_book(8, True, code), 8, (1, 4), x)
   np.testing.assert_array_equal(got[0, :3], [-3.0, 3.0, 0.0])
-  _, got = _round_trip(codes.code_book(8, False), 8, (1, 4), x)
-  np.testing.assert_array_equal(got[0, :3], [0.0, 3.0, 0.0])
+  book = codes.code_book(8, False, code)
+  _, got = _round_trip(book, 8, (1, 4), x)
+  smallest = book.values[0] ** 2 * 3.0 if book.root else 0.0  # root: sqrt(3)
+  np.testing.assert_allclose(got[0, :3], [smallest, 3.0, smallest], rtol=1e-6)
 
 
-@pytest.mark.parametrize("bits,signed", BOOKS)
-def test_a_non_finite_value_stays_in_its_element(bits, signed):
-  book = codes.code_book(bits, signed)
+@pytest.mark.parametrize("bits,signed,code", BOOKS)
+def test_a_non_finite_value_stays_in_its_element(bits, signed, code):
+  book = codes.code_book(bits, signed, code)
   rng = np.random.default_rng(2)
   x = rng.uniform(0.1, 1.0, (3, 16)).astype(np.float32)
-  _, clean = _round_trip(book, bits, (1, 16), x)
-  bad = x.copy()
-  bad[0, 3], bad[1, 5] = np.nan, np.inf
+  if signed:
+    x[:, ::2] *= -1
+  bad, zeroed = x.copy(), x.copy()
+  bad[0, 3], bad[1, 5], bad[2, 7] = np.nan, np.inf, -np.inf
+  zeroed[0, 3] = zeroed[1, 5] = zeroed[2, 7] = 0.0
+  _, clean = _round_trip(book, bits, (1, 16), zeroed)  # as if absent
   q, got = _round_trip(book, bits, (1, 16), bad)
   x, got, clean = _coded(book, x), _coded(book, got), _coded(book, clean)
   scales = np.asarray(q.scales)[:, 0]
   assert np.all(np.isfinite(scales)) and np.all(np.isfinite(got))
-  np.testing.assert_array_equal(scales[0], np.delete(x[0], 3).max())  # finite absmax
-  assert scales[1] == np.delete(x[1], 5).max()
-  assert got[1, 5] == scales[1]  # inf saturates to the block's scale
-  nearest_zero = book.values[np.abs(book.values).argmin()]
-  assert got[0, 3] == nearest_zero * scales[0]
-  bound = scales * _max_error(book) * (1 + 1e-5)
-  for row, skip in ((0, 3), (1, 5)):
+  for row, skip in ((0, 3), (1, 5), (2, 7)):
     keep = np.arange(16) != skip
-    assert np.all(np.abs(got[row, keep] - x[row, keep]) <= bound[row])
-  np.testing.assert_array_equal(got[2], clean[2])
+    assert scales[row] == np.abs(x[row, keep]).max()  # the finite absmax
+    np.testing.assert_array_equal(got[row, keep], clean[row, keep])
+    bound = scales[row] * MAX_ERROR[book.name] * (1 + 1e-5)
+    assert np.all(np.abs(got[row, keep] - x[row, keep]) <= bound)
+  assert got[1, 5] == scales[1]  # inf saturates to the block's scale
+  # -inf to -scale; an unsigned book stores it as its smallest entry.
+  assert got[2, 7] == (-scales[2] if signed else book.values[0] * scales[2])
+  nearest_zero = book.values[np.abs(book.values).argmin()]
+  assert got[0, 3] == nearest_zero * scales[0]  # nan: the code nearest 0
 
 
 def test_four_bit_second_moments_store_the_root_by_hand():
@@ -183,3 +237,36 @@ def test_four_bit_second_moments_store_the_root_by_hand():
   assert float(q.scales[0, 0]) == 1.0
   np.testing.assert_allclose(got[0], [0.25, 1.0, (1 / 16) ** 2, (2 / 16) ** 2],
                              rtol=1e-6)
+
+
+def test_companded_momentum_by_hand():
+  """8-bit: 0.5 compands to 2/3, 84.67 steps of 1/127, stored as step 85,
+  which expands to 85 / (254 - 85); the block's absmax is 4."""
+  book = codes.code_book(8, True, "companded")
+  x = np.asarray([[-4.0, 2.0, 0.0, 4.0 / 253]], np.float32)
+  q, got = _round_trip(book, 8, (1, 4), x)
+  np.testing.assert_array_equal(np.asarray(q.codes), [[0, 127 + 85, 127, 128]])
+  np.testing.assert_allclose(got[0], [-4.0, 4 * 85 / 169, 0.0, 4.0 / 253], rtol=1e-6)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_quantized_state_takes_the_code(bits):
+  """``quantized_state(..., code="companded")`` stores each moment in the
+  companded family's books and its Adam update stays near float state's."""
+  rng = np.random.default_rng(3)
+  params = {"w": jnp.asarray(rng.standard_normal((64, 128)), jnp.float32)}
+  tx = shardopt.quantized_state(shardopt.adam(1e-2), bits, code="companded")
+  report = shardopt.describe_quantized_state(tx, params)
+  assert {l.path: l.stored for l in report.leaves} == {
+      "[0].mu['w']": f"companded-signed-{bits}",
+      "[0].nu['w']": f"linear-zero-free-sqrt-{bits}"}
+  exact = shardopt.adam(1e-2)
+  state, float_state = tx.init(params), exact.init(params)
+  for _ in range(3):
+    grads = {"w": jnp.asarray(rng.standard_normal((64, 128)), jnp.float32)}
+    got, state = jax.jit(tx.update)(grads, state, params)
+    want, float_state = exact.update(grads, float_state, params)
+  error = np.abs(np.asarray(got["w"]) - np.asarray(want["w"])).mean()
+  assert error / np.abs(np.asarray(want["w"])).mean() < (0.05 if bits == 8 else 0.25)
+  with pytest.raises(ValueError, match="code='linear'"):
+    shardopt.quantized_state(shardopt.adam(1e-2), bits, code="linear")

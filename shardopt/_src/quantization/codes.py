@@ -1,29 +1,44 @@
 """Code books for quantized optimizer state: encoding and decoding.
 
 A code book is a sorted table of at most ``2**bits`` values in ``[-1, 1]``;
-a value normalised by its block's scale is stored as the index of the
-nearest entry (a ``uint8``; two 4-bit indices share a byte, see ``pack``).
-Encoding and decoding are elementwise arithmetic (no table lookups), so they
-trace on sharded operands and run shard-local.
+a value normalised by its block's scale is stored as the index of an entry
+(a ``uint8``; two 4-bit indices share a byte, see ``pack``). Encoding and
+decoding are elementwise arithmetic (no table lookups), so they trace on
+sharded operands, run shard-local and fuse with the optimizer's update.
 
-* Dynamic code (Dettmers et al. 2021), ``bits`` with or without a sign bit:
-  ``levels = bits - signed`` decades; level ``i`` holds ``2**i`` evenly
-  spaced magnitudes ``10**(i - levels + 1) * (0.1 + 0.9 * (j + 1) / 2**i)``,
-  ``j < 2**i``, so small magnitudes keep a relative precision a linear code
-  loses. The largest entry is exactly 1 (a block's absmax is stored exactly)
-  and zero is an entry. 8-bit signed: 255 entries, smallest magnitude 1e-6;
-  8-bit unsigned: 256 entries, smallest 1e-7; 4-bit signed: 15 entries,
-  smallest 1e-2.
-* Linear zero-free code (Li et al. 2023), for a 4-bit second moment:
-  ``(j + 1) / 16``. No positive value can round to zero, so ``1 / sqrt(v)``
-  cannot blow up. It codes ``sqrt(v)`` (``root``; blocks.py takes the root
-  before and squares after): 16 linear steps of the root span a 256-fold
-  range of ``v``, where 16 steps of ``v`` itself would flatten every value
-  under 1/32 of its block's largest to 1/16 of it.
+Two families, chosen by ``code_book(bits, signed, code)``:
 
-``encode`` rounds to the nearest entry, except that a positive value never
-rounds to the zero entry of an unsigned book (the zero-point problem of Li et
-al.): only an exact zero gets the zero code.
+``code="companded"`` (FlashOptim, Ortiz et al. 2026): one division or root
+per element.
+
+* Companded signed code, ``L = 2**(bits - 1) - 1``: ``y = 2x / (1 + |x|)``
+  rounded to a multiple of ``1 / L``; decoding inverts the compander,
+  ``x = y / (2 - |y|)``. The compander's slope is 2 at 0 and 1/2 at 1, so
+  small magnitudes get 4x the resolution of large ones. 8-bit: 255 entries,
+  smallest magnitude 1/253; 4-bit: 15 entries, smallest 1/13. Rounding is to
+  the nearest entry in ``y``: in ``x`` one of the two entries around the
+  value, not always the nearer (``max_error`` bounds the distance).
+* Linear zero-free code of the root, for non-negative leaves (second
+  moments): ``sqrt(v)`` over its block's largest, stored as
+  ``(j + 1) / 2**bits`` (Li et al. 2023 at 4 bits). No positive value
+  rounds to zero, so ``1 / sqrt(v)`` cannot blow up; steps of the root span
+  a ``4**bits``-fold range of ``v`` (16 steps of ``v`` itself would flatten
+  every value under 1/32 of its block's largest to 1/16 of it).
+
+``code="dynamic"`` (Dettmers et al. 2021): ``levels = bits - signed``
+decades; level ``i`` holds ``2**i`` evenly spaced magnitudes
+``10**(i - levels + 1) * (0.1 + 0.9 * (j + 1) / 2**i)``, ``j < 2**i``. The
+largest entry is exactly 1 and zero is an entry. 8-bit signed: 255 entries,
+smallest magnitude 1e-6; 8-bit unsigned: 256 entries, smallest 1e-7; 4-bit
+signed: 15 entries, smallest 1e-2. The 4-bit unsigned book is the linear
+zero-free code of the root above. Encoding finds the decade by comparisons
+(one per level) and rounds to the nearest entry; a positive value never
+rounds to the zero entry of an unsigned book (the zero-point problem of Li
+et al.): only an exact zero gets the zero code.
+
+``max_error(book)``: the largest distance from a value in ``[-1, 1]``
+(signed) or ``[0, 1]`` to the entry it is stored as, in units of the
+block's scale (for a root book, of the root).
 """
 
 import functools
@@ -34,52 +49,88 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
+    "CODES",
     "CodeBook",
     "code_book",
     "decode",
     "encode",
+    "max_error",
     "pack",
     "unpack",
 ]
 
+CODES = ("companded", "dynamic")
+
 
 class CodeBook(NamedTuple):
-  """A code: its kind, width and sign, and its table (for inspection)."""
+  """A code: its formula, width and sign, and its table (for inspection)."""
 
   name: str
   bits: int
   signed: bool
-  dynamic: bool  # dynamic (decades) or linear zero-free
+  kind: str  # "companded", "dynamic" or "linear" (zero-free)
   values: np.ndarray  # float32, ascending: decode(0), decode(1), ...
-  root: bool = False  # codes the square root of the value (see quantize)
+  root: bool = False  # codes the square root of the value (see blocks.py)
 
   @property
   def levels(self) -> int:
+    """Dynamic: decades; companded: steps of ``y`` per sign; linear: steps."""
+    if self.kind == "companded":
+      return 2 ** (self.bits - 1) - 1
+    if self.kind == "linear":
+      return 2 ** self.bits
     return self.bits - 1 if self.signed else self.bits
 
   @property
   def zero_index(self) -> int:
     """The index of 0 (signed: negatives below it); -1 for no zero entry."""
-    if not self.dynamic:
+    if self.kind == "linear":
       return -1
+    if self.kind == "companded":
+      return self.levels
     return 2 ** self.levels - 1 if self.signed else 0
 
 
 @functools.cache
-def code_book(bits: int, signed: bool) -> CodeBook:
-  """The code for ``bits`` in {8, 4}: dynamic, except 4-bit unsigned (linear
-  zero-free)."""
+def code_book(bits: int, signed: bool, code: str = "dynamic") -> CodeBook:
+  """The code book for ``bits`` in {8, 4} of family ``code`` (``CODES``).
+
+  Signed: the companded or the dynamic code. Non-negative: the linear
+  zero-free code of the root, except the 8-bit dynamic family (unsigned
+  dynamic code)."""
   if bits not in (4, 8):
     raise ValueError(f"bits={bits}: quantized state supports 8 or 4 bits.")
-  dynamic = signed or bits == 8
-  kind = ("dynamic-signed" if signed else "dynamic-unsigned") if dynamic else (
-      "linear-zero-free")
-  size = 2 ** (bits - 1) * 2 - 1 if signed else 2 ** bits
-  root = not dynamic
-  name = f"{kind}-{'sqrt-' if root else ''}{bits}"
-  book = CodeBook(name, bits, signed, dynamic, np.zeros(0), root)
+  if code not in CODES:
+    raise ValueError(f"code={code!r}: expected one of {CODES}.")
+  if signed:
+    kind = code
+  else:
+    kind = "dynamic" if (code, bits) == ("dynamic", 8) else "linear"
+  root = kind == "linear"
+  sign = ("signed" if signed else "unsigned") if kind != "linear" else "zero-free"
+  name = f"{kind}-{sign}-{'sqrt-' if root else ''}{bits}"
+  book = CodeBook(name, bits, signed, kind, np.zeros(0), root)
+  size = {"companded": 2 * book.levels + 1, "linear": book.levels,
+          "dynamic": 2 ** bits - 1 if signed else 2 ** bits}[kind]
   values = decode(np.arange(size, dtype=np.uint8), book, xp=np)
   return book._replace(values=values)
+
+
+def max_error(book: CodeBook) -> float:
+  """The largest ``|x - decode(encode(x))|`` over ``x`` in the book's range,
+  from its table: half the widest gap for nearest-entry rounding; for the
+  companded code the widest distance from an entry to the value whose
+  compander lies half way to the next one; for the zero-free code also the
+  distance from 0 to its first entry."""
+  values = book.values.astype(np.float64)
+  if book.kind == "companded":
+    y = values / (1 + np.abs(values)) * 2
+    middle = (y[:-1] + y[1:]) / 2
+    boundary = middle / (2 - np.abs(middle))
+    return float(max(np.max(boundary - values[:-1]),
+                     np.max(values[1:] - boundary)))
+  below = values[0] if book.kind == "linear" else 0.0
+  return float(max(np.max(np.diff(values)) / 2, below))
 
 
 def _decade(level, levels: int, xp=jnp):
@@ -126,16 +177,7 @@ def _dynamic_rank(magnitude, levels: int):
                    first + j)
 
 
-def encode(normalized, book: CodeBook):
-  """Index (``uint8``) of the nearest entry of ``book`` to each value.
-
-  ``normalized`` must be finite and within ``[-1, 1]``; an unsigned book
-  takes negative values as 0.
-  """
-  if not book.dynamic:
-    steps = 2 ** book.bits
-    index = jnp.clip(jnp.round(normalized * steps) - 1, 0, steps - 1)
-    return index.astype(jnp.uint8)
+def _encode_dynamic(normalized, book: CodeBook):
   magnitude = jnp.abs(normalized) if book.signed else jnp.maximum(normalized, 0)
   rank = _dynamic_rank(magnitude, book.levels)
   if not book.signed:
@@ -144,12 +186,34 @@ def encode(normalized, book: CodeBook):
   return (book.zero_index + offset).astype(jnp.uint8)
 
 
+def encode(normalized, book: CodeBook):
+  """The index (``uint8``) each value is stored as.
+
+  ``normalized`` must be finite and within ``[-1, 1]``; an unsigned book
+  takes negative values as 0.
+  """
+  if book.kind == "companded":
+    steps = np.float32(2 * book.levels)  # 2x / (1 + |x|), times L
+    y = normalized * steps / (1 + jnp.abs(normalized))
+    return (jnp.round(y) + book.levels).astype(jnp.uint8)
+  if book.kind == "linear":
+    index = jnp.clip(jnp.round(normalized * book.levels) - 1, 0, book.levels - 1)
+    return index.astype(jnp.uint8)
+  return _encode_dynamic(normalized, book)
+
+
 def decode(index, book: CodeBook, xp=jnp):
   """The ``float32`` entries of ``book`` at ``index`` (``xp``: jax.numpy, or
   numpy to build the table)."""
+  # Constant divisors as multiplications by their float32 reciprocals (XLA
+  # rewrites them so; numpy must round the table the same way).
+  if book.kind == "companded":
+    y = (index.astype(xp.float32) - np.float32(book.levels)) * np.float32(
+        1 / book.levels)
+    return y / (np.float32(2) - xp.abs(y))
+  if book.kind == "linear":
+    return (index.astype(xp.float32) + 1) * np.float32(1 / book.levels)
   index = index.astype(xp.int32)
-  if not book.dynamic:
-    return (index + 1).astype(xp.float32) / np.float32(2 ** book.bits)
   offset = index - book.zero_index
   rank = xp.abs(offset) - 1
   magnitude = _dynamic_magnitude(xp.maximum(rank, 0), book.levels, xp)
@@ -162,27 +226,27 @@ def pack(index, axis: int):
   ``k`` in the low nibble, entry ``k + h`` in the high one.
 
   A weighted sum over the pair (taking the halves as slices made XLA:CPU
-  recompute the fused codes per half, 20x slower). Where ``axis`` is sharded
-  so that its halves cannot be split off (a tile not fitted to the shards),
-  the sum does not trace on Explicit meshes and the slices are used.
+  recompute the fused codes per half, 20x slower; pairing neighbours
+  ``2k, 2k + 1`` by strided slices was slower still). Where ``axis`` is
+  split across devices in ``index``'s sharding type (Explicit mesh axes,
+  a block not fitted to the shards), the pair cannot be split off by a
+  reshape and the halves are taken as slices.
   """
-  try:
-    return _pack_by_sum(index, axis)
-  except Exception as err:  # jax's ShardingTypeError is not public
-    if type(err).__name__ != "ShardingTypeError":
-      raise
-    half = index.shape[axis] // 2
-    low = jax.lax.slice_in_dim(index, 0, half, axis=axis)
-    high = jax.lax.slice_in_dim(index, half, 2 * half, axis=axis)
-    return (low | (high << 4)).astype(jnp.uint8)
-
-
-def _pack_by_sum(index, axis: int):
   shape = index.shape
+  if _sharded_along(index, axis):
+    low = jax.lax.slice_in_dim(index, 0, shape[axis] // 2, axis=axis)
+    high = jax.lax.slice_in_dim(index, shape[axis] // 2, shape[axis], axis=axis)
+    return (low | (high << 4)).astype(jnp.uint8)
   pairs = index.reshape(*shape[:axis], 2, shape[axis] // 2, *shape[axis + 1:])
   weights = np.asarray([1, 16], np.int32).reshape(
       (1,) * axis + (2,) + (1,) * (len(shape) - axis))
   return jnp.sum(pairs.astype(jnp.int32) * weights, axis=axis).astype(jnp.uint8)
+
+
+def _sharded_along(x, axis: int) -> bool:
+  """Whether ``x``'s sharding type splits ``axis`` over mesh axes."""
+  spec = getattr(jax.typeof(x).sharding, "spec", None) or ()
+  return axis < len(spec) and spec[axis] is not None
 
 
 def unpack(packed, axis: int):

@@ -78,15 +78,16 @@ class _Quantizer:
   """The configuration and the init/update of ``quantized_state``."""
 
   def __init__(self, inner, bits, block_size, min_size, nonnegative,
-               param_shardings, shard_state_over):
+               param_shardings, shard_state_over, code):
     self.inner = base.with_extra_args_support(inner)
     self.bits, self.block_size, self.min_size = bits, block_size, min_size
+    self.code = code
     self.nonnegative = nonnegative or _default_nonnegative
     self.param_shardings, self.axis = param_shardings, shard_state_over
 
   def book(self, path) -> codes.CodeBook:
     return codes.code_book(self.bits, not self.nonnegative(
-        jax.tree_util.keystr(path)))
+        jax.tree_util.keystr(path)), self.code)
 
   def layouts(self, params):
     """A ``_ParamLayout`` per param (the params' tree structure)."""
@@ -196,6 +197,7 @@ def quantized_state(
     nonnegative: Callable[[str], bool] | None = None,
     param_shardings: Any = None,
     shard_state_over: str | None = None,
+    code: str = "dynamic",
 ) -> base.GradientTransformationExtraArgs:
   """Stores the param-shaped float state of ``inner`` in 8 or 4 bits.
 
@@ -247,6 +249,11 @@ def quantized_state(
       Default: its last field name is in ``NONNEGATIVE_FIELDS``.
     param_shardings: a ``NamedSharding`` per param, or None.
     shard_state_over: the ZeRO mesh axis the state is also sharded over.
+    code: the code books (``shardopt/_src/quantization/codes.py``):
+      ``"dynamic"`` as above, or ``"companded"`` (FlashOptim, Ortiz et al.
+      2026): signed leaves as ``2x / (1 + |x|)`` rounded to ``2**(bits-1)-1``
+      steps a side, non-negative leaves as the linear zero-free code of
+      ``sqrt(v)`` at both widths; one division or root per element.
 
   Returns:
     A ``GradientTransformationExtraArgs`` with ``inner``'s updates computed
@@ -256,7 +263,9 @@ def quantized_state(
     Dettmers, Lewis, Shleifer & Zettlemoyer, "8-bit Optimizers via
     Block-wise Quantization", ICLR 2022 (https://arxiv.org/abs/2110.02861);
     Li, Chen & Zhu, "Memory Efficient Optimizers with 4-bit States",
-    NeurIPS 2023 (https://arxiv.org/abs/2309.01507).
+    NeurIPS 2023 (https://arxiv.org/abs/2309.01507); Gonzalez Ortiz, Gupta,
+    Renard & Blalock, "FlashOptim: Optimizers for Memory Efficient
+    Training", 2026 (https://arxiv.org/abs/2602.23349).
   """
   if bits not in (8, 4):
     raise ValueError(f"quantized_state: bits={bits}; expected 8 or 4.")
@@ -266,8 +275,11 @@ def quantized_state(
                      "power of two >= 2 (e.g. 128 or 256).")
   if min_size < 0:
     raise ValueError(f"quantized_state: min_size={min_size}; expected >= 0.")
+  if code not in codes.CODES:
+    raise ValueError(f"quantized_state: code={code!r}; expected one of "
+                     f"{codes.CODES}.")
   quantizer = _Quantizer(inner, bits, block_size, min_size, nonnegative,
-                         param_shardings, shard_state_over)
+                         param_shardings, shard_state_over, code)
   return base.GradientTransformationExtraArgs(quantizer.init, quantizer.update)
 
 
