@@ -103,3 +103,14 @@ def test_default_learning_rates_are_the_benchmark_bests():
     assert cli.parse_args(["--optimizer", optimizer]).lr == lr
   assert defaults.learning_rate("adam") == bests["adamw"]
   assert cli.parse_args(["--optimizer", "rmsprop"]).lr == defaults.FALLBACK
+
+
+def test_default_runs_are_within_2_percent_of_the_benchmark_bests():
+  """The committed runs of ``python -m launch.train --optimizer X`` (no --lr),
+  muon among them, against the best of X's sweep."""
+  text = RESULTS.read_text().split("## The job's default learning rate", 1)[1]
+  rows = re.findall(r"^\| (\w+) \| ([0-9.e-]+) \| ([0-9.]+) \| ([0-9.]+) \|", text, re.MULTILINE)
+  assert {row[0] for row in rows} == set(_benchmark_bests())
+  for optimizer, default_lr, loss, best in rows:
+    assert float(default_lr) == defaults.learning_rate(optimizer)
+    assert float(loss) <= 1.02 * float(best), optimizer
