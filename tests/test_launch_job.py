@@ -135,7 +135,7 @@ def test_job_reports_held_out_loss_norms_mfu_tensorboard_profile_sample(tmp_path
   out = tmp_path / "run"
   assert train.main([*h.TINY, "--cpu-devices", "0", "--out", str(out), "--steps", "6",
                      "--eval-every", "2", "--log-every", "3", "--checkpoint-every", "5",
-                     "--profile-steps", "2:3"]) == 0
+                     "--profile-steps", "2:3", "--sample-every", "4"]) == 0
   printed = capsys.readouterr().out
   records = report.read_metrics(out / "metrics.jsonl")
   assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
@@ -183,13 +183,13 @@ def test_job_reports_held_out_loss_norms_mfu_tensorboard_profile_sample(tmp_path
   assert json.loads(gzip.decompress(perfetto.read_bytes()))["traceEvents"]
 
   samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
-  assert [s["step"] for s in samples] == [6]
+  assert [s["step"] for s in samples] == [4, 6]
   tokens = list(held_out[:(SEQ_LEN - 1) // 2])
   while len(tokens) < SEQ_LEN - 1:  # greedy, one prefix at a time
     logits = model.apply({"params": after}, jnp.array([tokens], jnp.int32))
     tokens.append(int(jnp.argmax(logits[0, -1])))
   text = lambda t: bytes(t).decode("utf-8", errors="replace")
-  assert samples[0]["prompt"] == text(tokens[:(SEQ_LEN - 1) // 2])
-  assert samples[0]["continuation"] == text(tokens[(SEQ_LEN - 1) // 2:])
-  assert f"sample at step 6 (greedy): {samples[0]['prompt']!r}" in printed
+  assert samples[-1]["prompt"] == text(tokens[:(SEQ_LEN - 1) // 2])
+  assert samples[-1]["continuation"] == text(tokens[(SEQ_LEN - 1) // 2:])
+  assert f"sample at step 6 (greedy): {samples[-1]['prompt']!r}" in printed
   assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
