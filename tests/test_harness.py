@@ -75,17 +75,11 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
         "test_zero_lists_every_large_leaf_it_leaves_out)"),
 }
 
-# label -> (bound of check (c), why it is looser than 1e-6).
-SHARDED_STEP_TOLERANCE: dict[str, tuple[float, str]] = {
-    name: (1e-5, "the two-loop recursion divides by dot products that the "
-           "mesh sums in another order; over 3 steps this grows to "
-           "2e-6..4e-6 relative (diff_params_memory, the scalar param)")
-    for name in ("scale_by_lbfgs", "lbfgs")}
-
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
 _DOC = _ROOT / "docs" / "catalogue.md"
 _RENDERER = _ROOT / "tools" / "render_catalogue.py"
 _SHARDED_STEPS = 3
+_STEP_TOLERANCE = 1e-5
 
 
 def _cases(check, entries=catalogue.ENTRIES):
@@ -173,15 +167,6 @@ def _mesh():
                        axis_types=(jax.sharding.AxisType.Auto,) * 2)
 
 
-def _sharded_params(mesh):
-  keys = jax.random.split(jax.random.PRNGKey(7), len(_LAYOUT))
-  params, shardings = {}, {}
-  for key, (name, (shape, spec)) in zip(keys, _LAYOUT.items()):
-    shardings[name] = NamedSharding(mesh, spec)
-    params[name] = jax.device_put(jax.random.normal(key, shape), shardings[name])
-  return params, shardings
-
-
 def _plan(tx, params, shardings):
   with warnings.catch_warnings():
     warnings.simplefilter("ignore", shardopt.ReplicatedStateWarning)
@@ -232,27 +217,98 @@ def _comparable(tree):
   return jax.tree.map(convert, tree)
 
 
+# The matrix of (c): every entry on Auto and Explicit axes, with and without
+# ZeRO over 'data', through ``opt.update`` and ``opt.train_step``. The
+# params are those of _STEP_LAYOUT: one replicated over 'data' (ZeRO splits
+# its dimension 0), one already split over it (FSDP: its state follows it),
+# a vector with no free dimension, a rank-3 kernel, a scalar.
+_STEP_LAYOUT = {
+    "w": ((16, 32), P(None, "model")),
+    "f": ((8, 16), P("data", "model")),
+    "b": ((16,), P("model")),
+    "k": ((4, 8, 16), P(None, None, "model")),
+    "s": ((), P()),
+}
+# ZeRO splits the state of "w" and "k" (2 KiB each); "f" is FSDP already;
+# statistics of a few floats (L-BFGS's weights) stay whole.
+_STEP_MIN_SHARD_BYTES = 256
+_MESH_KINDS = {"auto": jax.sharding.AxisType.Auto,
+               "explicit": jax.sharding.AxisType.Explicit}
+
+
+def _step_case_ids():
+  return [pytest.param(kind, zero, id=f"{kind}{'-zero' if zero else ''}")
+          for kind in _MESH_KINDS for zero in (False, True)]
+
+
+def _step_params():
+  keys = jax.random.split(jax.random.PRNGKey(7), len(_STEP_LAYOUT))
+  return {name: jax.random.normal(key, shape) for key, (name, (shape, _)) in
+          zip(keys, _STEP_LAYOUT.items())}
+
+
+def _extra_args(entry, params):
+  value, grad = jax.value_and_grad(_objective)(params)
+  extra = {"value": value, "grad": grad, "value_fn": _objective,
+           "obj_fn": _objective}
+  return {name: extra[name] for name in entry.extra_args}
+
+
+def _reference(tx, entry, params, state, steps):
+  """``steps`` unsharded jitted steps from ``(params, state)``: the
+  sequence of (params, state) after each."""
+  step = jax.jit(_objective_step(tx, entry))
+  out = []
+  for _ in range(steps):
+    params, state, _ = step(params, state)
+    out.append((params, state))
+  return out
+
+
+def _objective_loss(params, batch):
+  """The harness objective as a train_step loss (the batch is unused)."""
+  del batch
+  return _objective(params)
+
+
+@pytest.mark.parametrize("kind,zero", _step_case_ids())
 @pytest.mark.parametrize("entry", _cases("sharded_step"))
-def test_sharded_step_matches_unsharded(entry):
+def test_sharded_step_matches_unsharded(entry, kind, zero):
   tx = _build(entry)
-  mesh = _mesh()
-  params, shardings = _sharded_params(mesh)
-  plan = _plan(tx, params, shardings)
-  step = _objective_step(tx, entry)
-  sharded = jax.jit(step, in_shardings=(shardings, plan.shardings),
-                    out_shardings=(shardings, plan.shardings, shardings))
-  plain = jax.jit(step)
-  host = jax.device_get(params)
-  got = (params, shardopt.sharded_init(tx, shardings, plan.shardings)(params))
-  want = (host, jax.jit(tx.init)(host))
-  for _ in range(_SHARDED_STEPS):
-    got = sharded(*got)[:2]
-    want = plain(*want)[:2]
-  for leaf, expected in zip(jax.tree.leaves(got[1]),
-                            jax.tree.leaves(plan.shardings)):
+  mesh = jax.make_mesh((2, 4), ("data", "model"),
+                       axis_types=(_MESH_KINDS[kind],) * 2)
+  shardings = {k: NamedSharding(mesh, spec) for k, (_, spec) in
+               _STEP_LAYOUT.items()}
+  host = _step_params()
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", shardopt.ReplicatedStateWarning)
+    opt = shardopt.make_sharded_optimizer(
+        tx, host, shardings, shard_state_over="data" if zero else None,
+        min_shard_bytes=_STEP_MIN_SHARD_BYTES, donate=False)
+  with jax.sharding.set_mesh(mesh):
+    params = jax.device_put(host, shardings)
+    state = opt.init(params)
+    want = _reference(tx, entry, host, jax.device_get(state), _SHARDED_STEPS)
+    through_update, through_train_step = (params, state), (params, state)
+    grad = jax.jit(jax.grad(_objective))
+    train_step = opt.train_step(
+        _objective_loss, extra_args=entry.extra_args or ("value", "grad",
+                                                         "value_fn"))
+    for _ in range(_SHARDED_STEPS):
+      p, s = through_update
+      g = grad(p)
+      g = jax.tree.map(jnp.negative, g) if entry.descent else g
+      through_update = opt.update(g, s, p, **_extra_args(entry, p))
+      if not entry.descent:
+        through_train_step = train_step(*through_train_step, jnp.zeros(()))[:2]
+  for leaf, expected in zip(jax.tree.leaves(through_update[1]),
+                            jax.tree.leaves(opt.state_shardings)):
     assert leaf.sharding.is_equivalent_to(expected, leaf.ndim)
-  tol, _ = SHARDED_STEP_TOLERANCE.get(entry.label, (1e-6, ""))
-  _assert_close_to_leaf_scale(_comparable(got), _comparable(want), tol)
+  _assert_close_to_leaf_scale(_comparable(through_update),
+                              _comparable(want[-1]), _STEP_TOLERANCE)
+  if not entry.descent:
+    _assert_close_to_leaf_scale(_comparable(through_train_step),
+                                _comparable(want[-1]), _STEP_TOLERANCE)
 
 
 def _assert_close_to_leaf_scale(got, want, tol=1e-6):

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from shardopt._src import base
+from shardopt._src import moments
 from shardopt._src import numerics
 from shardopt._src import tree_math
 from shardopt._src.aliases.gradient_descent import descend
@@ -22,6 +23,7 @@ __all__ = [
 ]
 
 
+@moments.declare_moments(m1=moments.SIGNED, m2=moments.SIGNED, nu=moments.NONNEGATIVE)
 class ScaleByAdemamixState(NamedTuple):
   """Step counts (``count_m2`` drives ``b3``/``alpha`` schedules), the fast
   EMA ``m1``, the slow EMA ``m2`` and the second moment ``nu``."""
@@ -132,6 +134,7 @@ def ademamix(
                  learning_rate, weight_decay, mask)
 
 
+@moments.declare_moments(m=moments.SIGNED, n=moments.NONNEGATIVE)
 class ScaleBySimplifiedAdEMAMixState(NamedTuple):
   """The step count ``t``, the momentum sum ``m`` and the second moment
   ``n``."""

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from shardopt._src import base
+from shardopt._src import moments
 from shardopt._src import numerics
 from shardopt._src import tree_math
 from shardopt._src import tree_reductions
@@ -15,6 +16,7 @@ from shardopt._src.tree_dtypes_random import tree_dtype
 __all__ = ["DAdaptAdamWState", "dadapt_adamw"]
 
 
+@moments.declare_moments(exp_avg=moments.SIGNED, exp_avg_sq=moments.NONNEGATIVE)
 class DAdaptAdamWState(NamedTuple):
   """Adam's moments (``exp_avg`` already scaled by the step size), the
   weighted gradient sum ``grad_sum``, the distance estimate ``estim_lr`` and

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from shardopt._src import base
+from shardopt._src import moments
 from shardopt._src import numerics
 from shardopt._src import tree_math
 from shardopt._src.transforms.constraints import require_params
@@ -15,6 +16,7 @@ from shardopt._src.wrappers.combine import chain
 __all__ = ["MadgradState", "madgrad", "scale_by_madgrad"]
 
 
+@moments.declare_moments(grad_sum_sq=moments.NONNEGATIVE, s=moments.SIGNED)
 class MadgradState(NamedTuple):
   """The step count, the weighted sums of squared gradients and of
   gradients (``s``), and the initial params ``x0``."""

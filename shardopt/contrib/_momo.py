@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from shardopt._src import base
+from shardopt._src import moments
 from shardopt._src import numerics
 from shardopt._src import tree_math
 from shardopt._src import tree_reductions
@@ -19,6 +20,7 @@ __all__ = ["MomoAdamState", "MomoState", "momo", "momo_adam"]
 _TINY = float(jnp.finfo(float).eps)
 
 
+@moments.declare_moments(exp_avg=moments.SIGNED)
 class MomoState(NamedTuple):
   """The momentum ``exp_avg``, the averaged loss ``barf``, the averaged
   ``<g, x>`` (``gamma``), the loss lower bound ``lb`` and the step count."""
@@ -30,6 +32,7 @@ class MomoState(NamedTuple):
   count: jax.typing.ArrayLike
 
 
+@moments.declare_moments(exp_avg=moments.SIGNED, exp_avg_sq=moments.NONNEGATIVE)
 class MomoAdamState(NamedTuple):
   """MomoState's fields plus Adam's second moment ``exp_avg_sq``."""
 

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from shardopt._src import base
+from shardopt._src import moments
 from shardopt._src import numerics
 from shardopt._src import tree_math
 from shardopt._src.aliases import adam as adam_aliases
@@ -59,6 +60,7 @@ def _map_with_dims(fn, tree, dims):
                       is_leaf=_is_spec_leaf)
 
 
+@moments.declare_moments(mu=moments.SIGNED)
 class MuonState(NamedTuple):
   """Step count, momentum ``mu`` and the Newton-Schulz coefficients."""
 

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from shardopt._src import base
+from shardopt._src import moments
 from shardopt._src import numerics
 from shardopt._src import tree_math
 from shardopt._src.transforms import scaling
@@ -88,6 +89,7 @@ def hutchinson_estimator_diag_hessian(random_seed: jax.Array | None = None):
 _HUTCHINSON = hutchinson_estimator_diag_hessian()
 
 
+@moments.declare_moments(mu=moments.SIGNED, nu=moments.SIGNED)
 class SophiaState(NamedTuple):
   """Step count, momentum, EMA of the Hessian diagonal, estimator state."""
 

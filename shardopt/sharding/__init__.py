@@ -14,10 +14,10 @@ from shardopt.sharding._derivation import plan_state_shardings
 from shardopt.sharding._derivation import state_shardings
 from shardopt.sharding._step import ShardedOptimizer
 from shardopt.sharding._step import ShardedUpdate
-from shardopt.sharding._step import TrainStep
 from shardopt.sharding._step import make_sharded_optimizer
 from shardopt.sharding._step import sharded_init
 from shardopt.sharding._step import sharded_update
+from shardopt.sharding._train_step import TrainStep
 
 __all__ = [
     "LeafPlan", "ReplicatedStateWarning", "ShardedOptimizer", "ShardedUpdate", "StatePlan", "TrainStep",

@@ -1,28 +1,30 @@
 """Optimizer-state shardings derived from the transformation itself.
 
 No table of rules: ``tx.init`` is traced with ``jax.eval_shape`` on abstract
-params that carry their shardings on an abstract copy of the mesh whose axes
-are Explicit. JAX then carries each param's spec through ``zeros_like`` and
-through reductions (a reduced dimension drops its mesh axis), so Adam's
-moments get their param's spec, Adafactor's row/column statistics keep the
-mesh axis of the dimension they keep, SM3's covers keep their dimension's
-axis and counters come out replicated. The specs are then rebuilt on the
-user's mesh (Auto or Explicit axes, or an ``AbstractMesh``). Foreign (optax)
-transformations are handled the same way. An init that JAX cannot trace on
-sharded params (e.g. ``p.T @ p`` over a sharded dimension) gets replicated
-state, with a warning.
+params that carry their layout as types (``shardopt._src.typed_layouts``:
+an abstract copy of the mesh whose axes are Explicit). JAX then carries each
+param's spec through ``zeros_like`` and through reductions (a reduced
+dimension drops its mesh axis), so Adam's moments get their param's spec,
+Adafactor's row/column statistics keep the mesh axis of the dimension they
+keep, SM3's covers keep their dimension's axis and counters come out
+replicated. The specs are then rebuilt on the user's mesh (Auto or Explicit
+axes, or an ``AbstractMesh``). Foreign (optax) transformations are handled
+the same way. An init that JAX cannot trace on sharded params (e.g.
+``p.T @ p`` over a sharded dimension) gets replicated state, with a warning.
+
+ZeRO (``shard_state_over='data'``, ``_zero``): per param, the dimension its
+state is split on; the params are typed in that *update layout* (their spec
+plus the ZeRO axis) when ``init`` is traced, so the state built from them
+comes out split with them, and the sharded step hands ``tx.update`` the
+gradients and params in the same layout (``StatePlan.update_shardings``).
+The plan says, leaf by leaf, what was split and why the rest could not be;
+the large leaves left out are listed in ``zero_skipped`` and warned about.
 
 Which state leaf belongs to which param: by the stand-in trace of
-``_ownership`` (a structural prefix match only where that trace cannot run).
-A derived leaf with its param's shape *mirrors* it. A mirror that comes out
-less sharded than its param (state built from a bare shape) is reported with
-a ``ReplicatedStateWarning``, never silently.
-
-ZeRO (``shard_state_over='data'``): every state leaf of at least
-``min_shard_bytes`` additionally shards over that mesh axis on a free
-divisible dimension (``_zero``). The plan says, leaf by leaf, what was
-sharded and why the rest could not be; the large leaves left out are listed
-in ``zero_skipped`` and warned about.
+``shardopt._src.ownership`` (a structural prefix match only where that
+trace cannot run). A derived leaf with its param's shape *mirrors* it. A
+mirror that comes out less sharded than its param (state built from a bare
+shape) is reported with a ``ReplicatedStateWarning``, never silently.
 """
 
 import math
@@ -31,16 +33,18 @@ from typing import NamedTuple
 import warnings
 
 import jax
-from jax.sharding import AxisType
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from shardopt.sharding._ownership import state_owners
+from shardopt._src.ownership import state_owners
+from shardopt._src.typed_layouts import eval_shape_typed
 from shardopt.sharding._specs import device_bytes as _device_bytes
 from shardopt.sharding._specs import full_spec as _full_spec
 from shardopt.sharding._specs import spec_axes as _axes
 from shardopt.sharding._zero import DEFAULT_MIN_SHARD_BYTES
-from shardopt.sharding._zero import zero_dimension
+from shardopt.sharding._zero import ParamZero
+from shardopt.sharding._zero import leaf_zero
+from shardopt.sharding._zero import param_zero
 
 __all__ = [
     "LeafPlan",
@@ -76,6 +80,10 @@ class StatePlan(NamedTuple):
   axis: str | None  # the ZeRO axis, if one was asked for
   under_sharded: tuple[str, ...]  # derived leaves less sharded than their param
   min_shard_bytes: int = DEFAULT_MIN_SHARD_BYTES  # ZeRO leaves smaller alone
+  # Per param (the params' tree): the layout ``tx.update`` sees the param and
+  # its gradient in, the param's sharding plus the ZeRO axis on the
+  # dimension its state is split on.
+  update_shardings: Any = None
 
   @property
   def zero_sharded(self) -> tuple[LeafPlan, ...]:
@@ -170,7 +178,13 @@ def plan_state_shardings(tx, params, param_shardings, *,
         f"(axes: {tuple(mesh.shape)}).")
   param_leaves, params_def = jax.tree.flatten(params)
   spec_leaves = _param_specs(params, param_shardings)
-  state = _abstract_state(tx, params, spec_leaves, params_def, mesh)
+  zeros = ([None] * len(param_leaves) if shard_state_over is None else [
+      param_zero(p.shape, p.dtype, spec, shard_state_over,
+                 mesh.shape[shard_state_over], min_shard_bytes)
+      for p, spec in zip(param_leaves, spec_leaves)])
+  update_specs = [_update_spec(spec, zero, shard_state_over)
+                  for spec, zero in zip(spec_leaves, zeros)]
+  state = _abstract_state(tx, params, update_specs, params_def, mesh)
   state_leaves, state_def = jax.tree_util.tree_flatten_with_path(state)
   owners = state_owners(tx.init, params, state)
   param_paths = [jax.tree_util.keystr(p) for p, _ in
@@ -178,7 +192,7 @@ def plan_state_shardings(tx, params, param_shardings, *,
   plans = [
       _plan_leaf(jax.tree_util.keystr(path), leaf,
                  None if owner is None else param_leaves[owner],
-                 None if owner is None else spec_leaves[owner],
+                 None if owner is None else zeros[owner],
                  None if owner is None else param_paths[owner],
                  mesh, shard_state_over, min_shard_bytes)
       for (path, leaf), owner in zip(state_leaves, owners)]
@@ -194,8 +208,19 @@ def plan_state_shardings(tx, params, param_shardings, *,
         + ", ".join(under), ReplicatedStateWarning, stacklevel=2)
   shardings = jax.tree.unflatten(
       state_def, [NamedSharding(mesh, pl.spec) for pl in plans])
+  update_shardings = jax.tree.unflatten(
+      params_def, [NamedSharding(mesh, spec) for spec in update_specs])
   return StatePlan(shardings, tuple(plans), shard_state_over, under,
-                   min_shard_bytes)
+                   min_shard_bytes, update_shardings)
+
+
+def _update_spec(spec: P, zero: ParamZero | None, axis: str | None) -> P:
+  """A param's spec with the ZeRO axis on the dimension ZeRO chose."""
+  if zero is None or zero.dim is None or spec[zero.dim] is not None:
+    return spec
+  entries = list(spec)
+  entries[zero.dim] = axis
+  return P(*entries)
 
 
 def _common_mesh(param_shardings):
@@ -232,45 +257,42 @@ def _param_specs(params, param_shardings) -> list[P]:
 
 
 def _abstract_state(tx, params, spec_leaves, params_def, mesh):
-  """``tx.init`` traced on sharded abstract params, on Explicit axes."""
-  explicit = mesh.abstract_mesh.update_axis_types(
-      {name: AxisType.Explicit for name in mesh.axis_names})
-  abstract = jax.tree.unflatten(params_def, [
-      jax.ShapeDtypeStruct(p.shape, p.dtype,
-                           sharding=NamedSharding(explicit, spec))
-      for p, spec in zip(jax.tree.leaves(params), spec_leaves)])
+  """``tx.init`` traced on params typed with ``spec_leaves`` (their update
+  layout). An init that cannot be traced so, but can on untyped params,
+  gets replicated state and a warning; one that fails either way raises
+  the untyped trace's error."""
+  specs = jax.tree.unflatten(params_def, spec_leaves)
   try:
-    with jax.sharding.use_abstract_mesh(explicit):
-      return jax.eval_shape(tx.init, abstract)
-  except Exception as err:  # jax's ShardingTypeError is not public
-    if type(err).__name__ != "ShardingTypeError":
-      raise
-    warnings.warn(
-        f"tx.init cannot be traced on the params' shardings ({err}); its "
-        "whole state is laid out replicated. Build state with "
-        "sharding-preserving ops (zeros_like, reductions of the param) to "
-        "have it sharded.", ReplicatedStateWarning, stacklevel=3)
-  unsharded = [jax.ShapeDtypeStruct(p.shape, p.dtype)
-               for p in jax.tree.leaves(params)]
-  return jax.eval_shape(tx.init, jax.tree.unflatten(params_def, unsharded))
+    return eval_shape_typed(tx.init, params, specs, mesh)
+  except Exception as err:  # noqa: BLE001 (the untyped trace decides)
+    typed_error = err
+  unsharded = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype),
+                           params)
+  state = jax.eval_shape(tx.init, unsharded)
+  warnings.warn(
+      f"tx.init cannot be traced on the params' shardings ({typed_error}); "
+      "its whole state is laid out replicated. Build state with "
+      "sharding-preserving ops (zeros_like, reductions of the param) to "
+      "have it sharded.", ReplicatedStateWarning, stacklevel=3)
+  return state
 
 
-def _plan_leaf(path, leaf, param, param_spec, param_path, mesh, axis,
+def _plan_leaf(path, leaf, param, zero, param_path, mesh, axis,
                min_shard_bytes):
   spec = _full_spec(leaf.sharding.spec if leaf.sharding is not None else P(),
                     len(leaf.shape))
   mirrors = param is not None and tuple(leaf.shape) == tuple(param.shape)
-  zero = ""
+  outcome = ""
   if axis is not None:
-    zero, dim = zero_dimension(
+    outcome, dim = leaf_zero(
         leaf.shape, leaf.dtype, spec, None if param is None else param.shape,
-        param_spec, axis, mesh.shape[axis], min_shard_bytes)
+        zero, axis, mesh.shape[axis], min_shard_bytes)
     if dim is not None:
       entries = list(spec)
       entries[dim] = axis
       spec = P(*entries)
   return LeafPlan(path, tuple(leaf.shape), leaf.dtype, spec, param_path,
-                  mirrors, zero, _device_bytes(leaf, spec, mesh))
+                  mirrors, outcome, _device_bytes(leaf, spec, mesh))
 
 
 def _under_sharded(plan: LeafPlan, param, param_spec, mesh) -> bool:

@@ -1,10 +1,18 @@
 """The sharded optimizer step: jitted init and update with explicit layouts.
 
 ``sharded_init`` builds the state directly in its shardings (``jit`` without
-``out_shardings`` would put the whole state on one device first).
+``out_shardings`` would put the whole state on one device first), tracing
+``init`` on the params typed in their update layout, as the derivation did.
 ``sharded_update`` runs ``(grads, state, params, **extra_args) -> (new_params,
 new_state)`` with fixed in/out shardings, donating the state and the params so
 that the step updates them in place.
+
+Layouts are applied here, once, for every transformation: ``tx.update``
+receives the gradients and the params in their *update layout*
+(``StatePlan.update_shardings``: the params' shardings with the ZeRO axis on
+the dimension their state is split on), so its state, gradients and params
+agree inside every ``cond``, ``select`` or ``scan`` on Auto and on Explicit
+axes; the updates go back to the params' layout before they are applied.
 
 Donation on XLA:CPU is sensitive to order: donated buffers must come back in
 the order they were passed, or the step allocates a full-size temporary and
@@ -12,10 +20,8 @@ runs several times slower. The jitted function therefore takes
 ``(params, grads, state)`` and returns ``(params, state)``; ``ShardedUpdate``
 presents it in optax's order, ``(grads, state, params)``.
 
-``ShardedOptimizer.train_step(loss_fn)`` is the whole training step as one
-program, ``(params, state, batch) -> (params, state, loss)``: loss, gradients
-and the update compiled together, so XLA can fuse and overlap them and the
-gradients never leave the program.
+``ShardedOptimizer.train_step(loss_fn)`` (``_train_step``) is the whole
+training step as one program: loss, gradients and the update.
 
 At the boundary (``_boundary``): grads are checked against params once per
 compiled signature, and a donated array passed back in is refused with an
@@ -27,31 +33,38 @@ from typing import Any
 from typing import NamedTuple
 
 import jax
-from jax.sharding import AxisType
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
-from shardopt._src.tree_math import apply_updates
 from shardopt.sharding._boundary import check_grads
 from shardopt.sharding._boundary import check_live
 from shardopt.sharding._derivation import StatePlan
 from shardopt.sharding._derivation import plan_state_shardings
+from shardopt.sharding._layouts import typed
+from shardopt.sharding._layouts import update_in_layout
+from shardopt.sharding._train_step import TrainStep
+from shardopt.sharding._train_step import make_train_step
 from shardopt.sharding._zero import DEFAULT_MIN_SHARD_BYTES
 
 __all__ = [
     "ShardedOptimizer",
     "ShardedUpdate",
-    "TrainStep",
     "make_sharded_optimizer",
     "sharded_init",
     "sharded_update",
 ]
 
 
-def sharded_init(tx, param_shardings, state_shardings) -> Callable:
+def sharded_init(tx, param_shardings, state_shardings, *,
+                 update_shardings=None) -> Callable:
   """``tx.init`` jitted to read params in ``param_shardings`` and write the
-  state straight into ``state_shardings``."""
-  return jax.jit(tx.init, in_shardings=(param_shardings,),
+  state straight into ``state_shardings``.
+
+  ``init`` is traced on the params typed in ``update_shardings`` (default
+  the params' own; pass ``plan.update_shardings`` of a ZeRO plan), so that
+  state whose shape depends on its layout (``quantized_state``'s blocks)
+  comes out as the plan derived it.
+  """
+  layout = param_shardings if update_shardings is None else update_shardings
+  return jax.jit(typed(tx.init, layout), in_shardings=(param_shardings,),
                  out_shardings=state_shardings)
 
 
@@ -88,18 +101,22 @@ def _split_extra_args(extra_args: dict) -> tuple[dict, tuple]:
 
 
 def sharded_update(tx, param_shardings, state_shardings, *,
-                   donate: bool = True) -> ShardedUpdate:
+                   donate: bool = True, update_shardings=None) -> ShardedUpdate:
   """One optimizer step with fixed shardings.
 
-  Grads are read in ``param_shardings``; the new params and state are written
-  in ``param_shardings`` and ``state_shardings``. With ``donate`` (default)
-  the state and params passed in are consumed: reuse only the returned ones.
+  Grads are read in ``param_shardings`` and handed to ``tx.update``, with
+  the params, in ``update_shardings`` (default the params' own; pass
+  ``plan.update_shardings`` of a ZeRO plan); the new params and state are
+  written in ``param_shardings`` and ``state_shardings``. With ``donate``
+  (default) the state and params passed in are consumed: reuse only the
+  returned ones.
   """
+  layout = param_shardings if update_shardings is None else update_shardings
 
   def step(params, grads, state, arrays, callables):
     check_grads(grads, params)  # while tracing: once per signature
-    updates, new_state = tx.update(grads, state, params, **arrays, **dict(callables))
-    return apply_updates(params, updates), new_state
+    return update_in_layout(tx, grads, state, params, layout, param_shardings,
+                            **arrays, **dict(callables))
 
   return ShardedUpdate(jax.jit(
       step,
@@ -108,49 +125,6 @@ def sharded_update(tx, param_shardings, state_shardings, *,
       static_argnums=(4,),
       donate_argnums=(0, 2) if donate else (),
       keep_unused=True))
-
-
-class TrainStep(NamedTuple):
-  """``(params, state, batch) -> (new_params, new_state, loss)``, one jitted
-  program; ``jitted`` is the ``jax.jit`` function (same signature)."""
-
-  jitted: Any
-
-  def __call__(self, params, state, batch):
-    check_live("train_step", params=params, state=state, batch=batch)
-    return self.jitted(params, state, batch)
-
-  def lower(self, params, state, batch):
-    return self.jitted.lower(params, state, batch)
-
-
-def _mesh_of(shardings):
-  return jax.tree.leaves(shardings)[0].mesh
-
-
-def _in_layout(tree, shardings):
-  """``tree`` laid out in ``shardings`` inside a jitted function (on
-  Explicit axes by ``reshard``, on Auto axes by a sharding constraint)."""
-  if AxisType.Explicit in _mesh_of(shardings).axis_types:
-    return jax.sharding.reshard(tree, shardings)
-  return jax.lax.with_sharding_constraint(tree, shardings)
-
-
-def _data_axes(mesh, data_axes, zero_axis) -> tuple[str, ...]:
-  """The mesh axes the batch's leading dimension is split over."""
-  if data_axes is None:
-    data_axes = zero_axis or ("data" if "data" in mesh.shape else None)
-  if data_axes is None:
-    raise ValueError(
-        f"train_step: the mesh {dict(mesh.shape)} has no 'data' axis and no "
-        "ZeRO axis was given; pass data_axes=<the mesh axes the batch is "
-        "split over>.")
-  axes = (data_axes,) if isinstance(data_axes, str) else tuple(data_axes)
-  unknown = [a for a in axes if a not in mesh.shape]
-  if unknown:
-    raise ValueError(f"train_step: data_axes {unknown} are not axes of the "
-                     f"mesh {dict(mesh.shape)}.")
-  return axes
 
 
 class ShardedOptimizer(NamedTuple):
@@ -166,43 +140,16 @@ class ShardedOptimizer(NamedTuple):
   tx: Any
   donate: bool
 
-  def train_step(self, loss_fn: Callable, *,
-                 data_axes: str | tuple[str, ...] | None = None) -> TrainStep:
-    """The training step as one jitted program.
+  @property
+  def update_shardings(self):
+    """Per param, the layout ``tx.update`` sees it and its gradient in."""
+    return self.plan.update_shardings
 
-    Args:
-      loss_fn: ``loss_fn(params, batch) -> scalar loss``.
-      data_axes: mesh axes over which every batch leaf's leading dimension
-        is split; default the ZeRO axis if one was given, else ``'data'``.
-
-    Returns:
-      ``(params, state, batch) -> (new_params, new_state, loss)``: loss,
-      gradients and ``tx.update`` in one program, with params and state in
-      their planned shardings and, with ``donate`` (default), both donated:
-      reuse only the returned ones. The loss comes back replicated and
-      on device (no host sync).
-    """
-    mesh = _mesh_of(self.param_shardings)
-    batch_sharding = NamedSharding(
-        mesh, P(_data_axes(mesh, data_axes, self.plan.axis)))
-    tx, param_shardings = self.tx, self.param_shardings
-
-    def step(params, state, batch):
-      loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-      # The backward pass keeps the params' layout, as in the two-program
-      # step: without this, the state's ZeRO layout propagates into it.
-      grads = _in_layout(grads, param_shardings)
-      updates, new_state = tx.update(grads, state, params)
-      return apply_updates(params, updates), new_state, loss
-
-    return TrainStep(jax.jit(
-        step,
-        in_shardings=(self.param_shardings, self.state_shardings,
-                      batch_sharding),
-        out_shardings=(self.param_shardings, self.state_shardings,
-                       NamedSharding(mesh, P())),
-        donate_argnums=(0, 1) if self.donate else (),
-        keep_unused=True))
+  def train_step(self, loss_fn: Callable, **options) -> TrainStep:
+    """The training step as one jitted program; see ``make_train_step`` for
+    ``loss_fn`` and the options (``has_aux``, ``with_key``,
+    ``microbatches``, ``batch_spec``, ``data_axes``)."""
+    return make_train_step(self, loss_fn, **options)
 
 
 def make_sharded_optimizer(tx, params, param_shardings, *,
@@ -216,9 +163,11 @@ def make_sharded_optimizer(tx, params, param_shardings, *,
     tx: the transformation (shardopt's or optax's).
     params: the params, as arrays or ``jax.ShapeDtypeStruct``.
     param_shardings: a ``NamedSharding`` per param.
-    shard_state_over: the ZeRO mesh axis: every state leaf of at least
-      ``min_shard_bytes`` is additionally sharded over it; ``None`` for none.
-    min_shard_bytes: the smallest state leaf (whole-leaf bytes) ZeRO shards.
+    shard_state_over: the ZeRO mesh axis: the state of every param of at
+      least ``min_shard_bytes`` (and every other state leaf of that size) is
+      additionally split over it; ``None`` for none.
+    min_shard_bytes: the smallest param (whole-param bytes) ZeRO splits the
+      state of.
     donate: whether ``update`` and ``train_step`` consume the params and
       state passed in (in-place update; reuse only the returned ones).
 
@@ -234,6 +183,8 @@ def make_sharded_optimizer(tx, params, param_shardings, *,
   plan.warn_zero_skipped(stacklevel=2)
   return ShardedOptimizer(
       plan.shardings, plan,
-      sharded_init(tx, param_shardings, plan.shardings),
-      sharded_update(tx, param_shardings, plan.shardings, donate=donate),
+      sharded_init(tx, param_shardings, plan.shardings,
+                   update_shardings=plan.update_shardings),
+      sharded_update(tx, param_shardings, plan.shardings, donate=donate,
+                     update_shardings=plan.update_shardings),
       param_shardings, tx, donate)

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from shardopt._src.quantization import codes
 
 __all__ = [
-    "QuantizedArray",
+    "BlockCodes",
     "choose_tile",
     "dequantize",
     "fit_lengths",
@@ -38,8 +38,10 @@ __all__ = [
 ]
 
 
-class QuantizedArray(NamedTuple):
-  """A float leaf stored as codes plus one scale per block."""
+class BlockCodes(NamedTuple):
+  """A float array as codes plus one scale per block (``quantize``'s
+  result; ``quantized_state`` stores it with its layout as a
+  ``QuantizedArray``)."""
 
   codes: jax.Array  # uint8 code indices (4 bits: two per byte along one dim)
   scales: jax.Array  # float32 absmax per block: the leaf's shape / tile
@@ -137,7 +139,7 @@ def _merge(x, parts):
   return x
 
 
-def quantize(x: jax.Array, tile, book: codes.CodeBook, bits: int) -> QuantizedArray:
+def quantize(x: jax.Array, tile, book: codes.CodeBook, bits: int) -> BlockCodes:
   """``x`` as codes of ``book`` and a per-block absmax scale."""
   layout = _layout(x.shape, tile)
   blocks = _split(x.astype(jnp.float32), layout.parts)
@@ -152,7 +154,7 @@ def quantize(x: jax.Array, tile, book: codes.CodeBook, bits: int) -> QuantizedAr
   if bits == 4:  # pairs within a block: entries k and k + t/2 of its tile
     index = codes.pack(index, layout.pair)
     layout = _layout(_packed_shape(x.shape, tile), tile, packed=True)
-  return QuantizedArray(_merge(index, layout.parts),
+  return BlockCodes(_merge(index, layout.parts),
                         _merge(scales, layout.scale_parts))
 
 
@@ -162,7 +164,7 @@ def _packed_shape(shape, tile) -> tuple[int, ...]:
   return tuple(n // 2 if d == axis else n for d, n in enumerate(shape))
 
 
-def dequantize(q: QuantizedArray, tile, book: codes.CodeBook, bits: int,
+def dequantize(q: BlockCodes, tile, book: codes.CodeBook, bits: int,
                dtype) -> jax.Array:
   """The values that ``quantize`` stored, in ``dtype``."""
   layout = _layout(tuple(n * t for n, t in zip(q.scales.shape, tile)), tile)

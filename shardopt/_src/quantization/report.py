@@ -19,12 +19,18 @@ class QuantizedLeaf(NamedTuple):
 class QuantizedStateReport(NamedTuple):
   """``describe_quantized_state``'s answer: one line per float state leaf."""
 
-  bits: int
+  bits: int  # of the (first) quantized_state found
   leaves: tuple[QuantizedLeaf, ...]
 
   @property
+  def kept(self) -> tuple[QuantizedLeaf, ...]:
+    """Every float leaf stored as it was, each with its reason."""
+    return tuple(l for l in self.leaves if l.tile is None)
+
+  @property
   def fallbacks(self) -> tuple[QuantizedLeaf, ...]:
-    """Param-shaped leaves of at least ``min_size`` kept in float."""
+    """Moments shaped like their param, of at least ``min_size`` elements,
+    kept in float because no tile fits their shard."""
     return tuple(l for l in self.leaves if l.reason.startswith("no tile"))
 
   def __str__(self) -> str:

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from shardopt._src import base
+from shardopt._src import moments
 from shardopt._src import tree_math
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
 ]
 
 
+@moments.declare_moments(e_g=moments.NONNEGATIVE, e_x=moments.NONNEGATIVE)
 class ScaleByAdaDeltaState(NamedTuple):
   """Running averages of squared gradients ``e_g`` and squared updates ``e_x``."""
 

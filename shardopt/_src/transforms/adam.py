@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from shardopt._src import base
+from shardopt._src import moments
 from shardopt._src import numerics
 from shardopt._src import tree_math
 from shardopt._src.transforms.momentum import canonical_dtype
@@ -28,6 +29,7 @@ def _is_none(x) -> bool:
   return x is None
 
 
+@moments.declare_moments(mu=moments.SIGNED, nu=moments.NONNEGATIVE)
 class ScaleByAdamState(NamedTuple):
   """Step count, first moment ``mu`` and second moment ``nu``."""
 

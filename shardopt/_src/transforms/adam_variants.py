@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from shardopt._src import base
+from shardopt._src import moments
 from shardopt._src import numerics
 from shardopt._src import tree_math
 from shardopt._src.transforms.adam import ScaleByAdamState
@@ -76,6 +77,7 @@ def scale_by_adamax(
   return base.GradientTransformation(init_fn, update_fn)
 
 
+@moments.declare_moments(mu=moments.SIGNED, nu=moments.NONNEGATIVE, nu_max=moments.NONNEGATIVE)
 class ScaleByAmsgradState(NamedTuple):
   """Step count, moments ``mu``/``nu`` and the running maximum ``nu_max``."""
 
@@ -144,6 +146,7 @@ def scale_by_amsgrad(
   return base.GradientTransformation(init_fn, update_fn)
 
 
+@moments.declare_moments(mu=moments.SIGNED, nu=moments.NONNEGATIVE)
 class ScaleByBeliefState(NamedTuple):
   """Step count, first moment ``mu`` and the belief (centred) moment ``nu``."""
 

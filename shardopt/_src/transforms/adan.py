@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from shardopt._src import base
+from shardopt._src import moments
 from shardopt._src import numerics
 from shardopt._src import tree_math
 from shardopt._src.transforms.adam import adam_direction
@@ -24,6 +25,7 @@ def _counter() -> jax.Array:
   return jnp.zeros([], jnp.int32)
 
 
+@moments.declare_moments(m=moments.SIGNED, v=moments.SIGNED, n=moments.NONNEGATIVE)
 class ScaleByAdanState(NamedTuple):
   """Moments of gradients ``m``, of gradient differences ``v``, of the
   squared corrected gradient ``n``, the previous gradient ``g`` and step ``t``."""

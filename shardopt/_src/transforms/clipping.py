@@ -150,7 +150,9 @@ def unitwise_norm(x: jax.typing.ArrayLike,
           " pass axis=... to name the axes to take the norm over"
       )
   sq_norm = jnp.sum(numerics.abs_sq(x), axis=axis, keepdims=True)
-  return jnp.broadcast_to(jnp.sqrt(sq_norm), x.shape)
+  # In x's layout (on Explicit axes the reduced dimensions lost theirs).
+  return jnp.broadcast_to(jnp.sqrt(sq_norm), x.shape,
+                          out_sharding=jax.typeof(x).sharding)
 
 
 def unitwise_clip(g_norm: jax.typing.ArrayLike, max_norm: jax.typing.ArrayLike,

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from shardopt._src import base
+from shardopt._src import moments
 from shardopt._src import numerics
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
 ]
 
 
+@moments.declare_moments(v=moments.NONNEGATIVE)
 class FactoredState(NamedTuple):
   """Step count and the per-param second-moment statistics."""
 

@@ -135,7 +135,8 @@ def scale_by_lbfgs(
     dw, du, weight = jax.tree.map(
         lambda x: jnp.where(started, x, jnp.zeros_like(x)), (dw, du, weight))
     diff_params, diff_updates, weights = jax.tree.map(
-        lambda memory, new: memory.at[newest].set(new),
+        lambda memory, new: memory.at[newest].set(
+            new, out_sharding=jax.typeof(memory).sharding),
         (state.diff_params_memory, state.diff_updates_memory,
          state.weights_memory),
         (dw, du, weight))

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from shardopt._src import base
+from shardopt._src import moments
 from shardopt._src import numerics
 from shardopt._src import tree_math
 
@@ -24,6 +25,7 @@ def canonical_dtype(dtype) -> Any:
   return None if dtype is None else jax.dtypes.canonicalize_dtype(dtype)
 
 
+@moments.declare_moments(trace=moments.SIGNED)
 class TraceState(NamedTuple):
   """The decayed sum of past updates."""
 
@@ -79,6 +81,7 @@ def trace(
   return base.GradientTransformation(init_fn, update_fn)
 
 
+@moments.declare_moments(ema=moments.SIGNED)
 class EmaState(NamedTuple):
   """The step count and the moving average of past updates."""
 

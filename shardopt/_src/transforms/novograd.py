@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from shardopt._src import base
+from shardopt._src import moments
 from shardopt._src import numerics
 from shardopt._src import tree_math
 from shardopt._src.transforms.momentum import canonical_dtype
@@ -21,6 +22,7 @@ __all__ = [
 ]
 
 
+@moments.declare_moments(mu=moments.SIGNED, nu=moments.NONNEGATIVE)
 class ScaleByNovogradState(NamedTuple):
   """Step count, first moment ``mu`` and one second moment ``nu`` per param."""
 

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from shardopt._src import base
+from shardopt._src import moments
 from shardopt._src import numerics
 from shardopt._src import tree_math
 
@@ -25,6 +26,7 @@ __all__ = [
 ]
 
 
+@moments.declare_moments(sum_of_squares=moments.NONNEGATIVE)
 class ScaleByRssState(NamedTuple):
   """The running sum of squared updates."""
 
@@ -73,12 +75,14 @@ def scale_by_rss(
   return base.GradientTransformation(init_fn, update_fn)
 
 
+@moments.declare_moments(nu=moments.NONNEGATIVE)
 class ScaleByRmsState(NamedTuple):
   """The moving average ``nu`` of squared updates."""
 
   nu: base.Updates
 
 
+@moments.declare_moments(nu=moments.NONNEGATIVE)
 class ScaleByRmsWithCountState(NamedTuple):
   """``ScaleByRmsState`` plus the step count (with bias correction)."""
 
@@ -86,6 +90,7 @@ class ScaleByRmsWithCountState(NamedTuple):
   nu: base.Updates
 
 
+@moments.declare_moments(mu=moments.SIGNED, nu=moments.NONNEGATIVE)
 class ScaleByRStdDevState(NamedTuple):
   """Moving averages of the updates (``mu``) and of their squares (``nu``)."""
 
@@ -93,6 +98,7 @@ class ScaleByRStdDevState(NamedTuple):
   nu: base.Updates
 
 
+@moments.declare_moments(mu=moments.SIGNED, nu=moments.NONNEGATIVE)
 class ScaleByRStdDevWithCountState(NamedTuple):
   """``ScaleByRStdDevState`` plus the step count (with bias correction)."""
 

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from shardopt._src import base
+from shardopt._src import moments
 from shardopt._src import numerics
 from shardopt._src import tree_math
 from shardopt._src.transforms.momentum import canonical_dtype
@@ -27,6 +28,7 @@ __all__ = [
 _LION_MODES = ("hard", "smooth", "refined")
 
 
+@moments.declare_moments(mu=moments.SIGNED)
 class ScaleByLionState(NamedTuple):
   """Step count and momentum ``mu``."""
 

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from shardopt._src import base
+from shardopt._src import moments
 from shardopt._src import tree_math
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
 ]
 
 
+@moments.declare_moments(mu=moments.NONNEGATIVE, nu=moments.SIGNED)
 class ScaleBySM3State(NamedTuple):
   """Per-axis covers of the accumulator (mu) and the momentum (nu)."""
 

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from shardopt._src import base
+from shardopt._src import moments
 from shardopt._src import numerics
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
 ]
 
 
+@moments.declare_moments(v=moments.NONNEGATIVE, momentum=moments.SIGNED)
 class TraxAdafactorState(NamedTuple):
   """Step count, factored (v_row, v_col) or full (v) moments, momentum.
 

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from shardopt._src import base
+from shardopt._src import moments
 from shardopt._src import numerics
 
 __all__ = [
@@ -30,6 +31,7 @@ class MomentumType(enum.IntEnum):
   NESTEROV = 3
 
 
+@moments.declare_moments(momentum=moments.SIGNED, covers=moments.NONNEGATIVE)
 class TraxSM3State(NamedTuple):
   """Step count, momentum and, per param, one max-cover per dimension."""
 

@@ -10,6 +10,7 @@ unsharded trees.
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 import numpy as np
 
 from shardopt._src import base
@@ -19,9 +20,16 @@ __all__ = [
 ]
 
 
+def _ravel(x) -> jax.Array:
+  """``x`` as a vector, whole on every device (on Explicit axes a split
+  array cannot be raveled in place)."""
+  whole = jax.typeof(x).sharding.update(spec=P(None))
+  return jnp.reshape(x, (-1,), out_sharding=whole)
+
+
 def _to_vector(tree) -> jax.Array:
   """All leaves of ``tree``, raveled and concatenated in flatten order."""
-  return jnp.concatenate([jnp.ravel(x) for x in jax.tree.leaves(tree)])
+  return jnp.concatenate([_ravel(x) for x in jax.tree.leaves(tree)])
 
 
 def _like(template, vector: jax.Array):
@@ -30,7 +38,8 @@ def _like(template, vector: jax.Array):
   ends = np.cumsum([np.size(x) for x in leaves])
   pieces = jnp.split(vector, ends[:-1])
   return jax.tree.unflatten(
-      treedef, [p.reshape(np.shape(x)) for p, x in zip(pieces, leaves)])
+      treedef, [jnp.reshape(p, np.shape(x), out_sharding=jax.typeof(x).sharding)
+                for p, x in zip(pieces, leaves)])
 
 
 def flatten(inner: base.GradientTransformation

@@ -22,11 +22,51 @@ down; the shape test cannot tell apart two params of one shape, which is why
 this match is only the fallback.
 """
 
+import itertools
+
 import jax
 
-from shardopt.sharding._zero import param_dims
+__all__ = ["in_blocks_of", "param_dims", "state_owners"]
 
-__all__ = ["state_owners"]
+
+def in_blocks_of(shape, param_shape) -> bool:
+  """The param's rank, not its shape, every dimension a divisor of the
+  param's and above 1 where the param's is (a block-wise layout)."""
+  return (len(shape) == len(param_shape) and tuple(shape) != tuple(param_shape)
+          and all(p % s == 0 and (s > 1 or p == 1)
+                  for s, p in zip(shape, param_shape)))
+
+
+def _block_grid_of(shape, param_shape) -> bool:
+  """More dimensions than the param, the leading ones each a divisor of the
+  param's dimension (its block count there): per-block statistics."""
+  rank = len(param_shape)
+  return (0 < rank < len(shape)
+          and all(p % g == 0 for g, p in zip(shape[:rank], param_shape)))
+
+
+def param_dims(shape, param_shape) -> list[int | None] | None:
+  """Per leaf dimension, the param dimension it keeps (None: its own, e.g. a
+  history dimension); None when the two shapes match no single way."""
+  shape, param_shape = tuple(shape), tuple(param_shape)
+  rank, param_rank = len(shape), len(param_shape)
+  if shape == param_shape:
+    return list(range(rank))
+  if 0 < param_rank < rank and shape[-param_rank:] == param_shape:
+    return [None] * (rank - param_rank) + list(range(param_rank))
+  if rank == param_rank and all(s in (p, 1) for s, p in zip(shape, param_shape)):
+    return [d if s == p else None for d, (s, p) in enumerate(zip(shape, param_shape))]
+  if in_blocks_of(shape, param_shape):
+    return list(range(rank))
+  if _block_grid_of(shape, param_shape):
+    return list(range(param_rank)) + [None] * (rank - param_rank)
+  if rank < param_rank:
+    matches = [kept for kept in itertools.combinations(range(param_rank), rank)
+               if all(shape[i] == param_shape[d] for i, d in enumerate(kept))]
+    if len(matches) == 1:
+      return list(matches[0])
+  return None
+
 
 
 @jax.tree_util.register_pytree_node_class

@@ -1,0 +1,156 @@
+"""Which fields of an optimizer state are moments: declared, never guessed.
+
+A *moment* is a running statistic of the gradients kept per element of a
+param: Adam's first and second moments, a momentum trace, Adagrad's sum of
+squares. Moments are what block-wise quantization (``quantized_state``) may
+store in 8 or 4 bits; everything else a transformation keeps (iterates and
+copies of the params, previous gradients, gradient accumulators, counters,
+factored statistics, line-search values) is stored as it is.
+
+A transformation declares its moments next to its state class, with the
+sign each one can take::
+
+  @declare_moments(mu=SIGNED, nu=NONNEGATIVE)
+  class ScaleByAdamState(NamedTuple):
+    count: jax.Array
+    mu: base.Updates
+    nu: base.Updates
+
+Every leaf below a declared field (the field holds a tree shaped like the
+params) is that kind of moment. optax's own state classes, for optax
+transformations passed to shardopt's wrappers, are declared in
+``OPTAX_MOMENTS``, keyed by the class's module and qualified name; a state
+class declared nowhere has no moments. The decision depends on the state's
+classes and fields only, never on the names of the params (a param named
+``v`` is not a second moment).
+"""
+
+from collections.abc import Callable
+from collections.abc import Mapping
+from typing import Any
+from typing import NamedTuple
+
+import jax
+
+__all__ = [
+    "NONNEGATIVE",
+    "OPTAX_MOMENTS",
+    "SIGNED",
+    "LeafKind",
+    "declare_moments",
+    "declared_moments",
+    "leaf_kinds",
+]
+
+SIGNED = "signed"  # any sign: first moments, momentum traces
+NONNEGATIVE = "nonnegative"  # never below zero: averages or sums of squares
+_KINDS = (SIGNED, NONNEGATIVE)
+
+_DECLARED: dict[type, Mapping[str, str]] = {}
+
+_ADAM = {"mu": SIGNED, "nu": NONNEGATIVE}
+# optax 0.2.8's state classes: "module.QualifiedName" -> {field: kind}.
+OPTAX_MOMENTS: Mapping[str, Mapping[str, str]] = {
+    "optax._src.transform.ScaleByAdamState": _ADAM,
+    "optax._src.transform.ScaleByAmsgradState": {**_ADAM, "nu_max": NONNEGATIVE},
+    "optax._src.transform.ScaleByBeliefState": _ADAM,
+    "optax._src.transform.ScaleByNovogradState": _ADAM,
+    "optax._src.transform.ScaleByRStdDevState": _ADAM,
+    "optax._src.transform.ScaleByRStdDevWithCountState": _ADAM,
+    "optax._src.transform.ScaleByRmsState": {"nu": NONNEGATIVE},
+    "optax._src.transform.ScaleByRmsWithCountState": {"nu": NONNEGATIVE},
+    "optax._src.transform.ScaleByRssState": {"sum_of_squares": NONNEGATIVE},
+    "optax._src.transform.ScaleByLionState": {"mu": SIGNED},
+    "optax._src.transform.ScaleBySM3State": _ADAM,
+    "optax._src.transform.ScaleByAdaDeltaState": {"e_g": NONNEGATIVE,
+                                                  "e_x": NONNEGATIVE},
+    "optax._src.transform.ScaleByAdanState": {"m": SIGNED, "v": SIGNED,
+                                              "n": NONNEGATIVE},
+    "optax._src.factorized.FactoredState": {"v": NONNEGATIVE},
+    "optax.transforms._accumulation.TraceState": {"trace": SIGNED},
+    "optax.transforms._accumulation.EmaState": {"ema": SIGNED},
+    "optax.contrib._ademamix.ScaleByAdemamixState": {
+        "m1": SIGNED, "m2": SIGNED, "nu": NONNEGATIVE},
+    "optax.contrib._ademamix.ScaleBySimplifiedAdEMAMixState": {
+        "m": SIGNED, "n": NONNEGATIVE},
+    "optax.contrib._dadapt_adamw.DAdaptAdamWState": {
+        "exp_avg": SIGNED, "exp_avg_sq": NONNEGATIVE},
+    "optax.contrib._prodigy.ProdigyState": {
+        "exp_avg": SIGNED, "exp_avg_sq": NONNEGATIVE},
+    "optax.contrib._momo.MomoState": {"exp_avg": SIGNED},
+    "optax.contrib._momo.MomoAdamState": {"exp_avg": SIGNED,
+                                          "exp_avg_sq": NONNEGATIVE},
+    "optax.contrib._madgrad.MadgradState": {"grad_sum_sq": NONNEGATIVE,
+                                            "s": SIGNED},
+    "optax.contrib._muon.MuonState": {"mu": SIGNED},
+    "optax.contrib._sophia.SophiaState": {"mu": SIGNED, "nu": SIGNED},
+}
+
+
+def declare_moments(**fields: str) -> Callable[[type], type]:
+  """Class decorator: the named fields of a state class are moments.
+
+  Args:
+    **fields: field name -> ``SIGNED`` or ``NONNEGATIVE``.
+
+  Returns:
+    A decorator that registers the class and returns it unchanged.
+  """
+  for name, kind in fields.items():
+    if kind not in _KINDS:
+      raise ValueError(f"declare_moments: {name}={kind!r}; expected "
+                       f"moments.SIGNED or moments.NONNEGATIVE.")
+
+  def register(cls: type) -> type:
+    unknown = set(fields) - set(getattr(cls, "_fields", ()))
+    if unknown:
+      raise ValueError(f"declare_moments: {cls.__qualname__} has no field "
+                       f"{sorted(unknown)} (fields: {cls._fields}).")
+    _DECLARED[cls] = dict(fields)
+    return cls
+
+  return register
+
+
+def declared_moments(cls: type) -> Mapping[str, str] | None:
+  """The moments declared for a state class (field -> kind), or None when
+  the class declares none (shardopt's registry, then ``OPTAX_MOMENTS``)."""
+  if cls in _DECLARED:
+    return _DECLARED[cls]
+  return OPTAX_MOMENTS.get(f"{cls.__module__}.{cls.__qualname__}")
+
+
+class LeafKind(NamedTuple):
+  """What one state leaf is: its moment kind (None: not a moment) and the
+  state class and field it lies in (``"ScaleByAdamState.mu"``, or ``""``)."""
+
+  kind: str | None
+  field: str
+
+
+def _children(node) -> list[Any]:
+  """The direct subtrees of a pytree node ([node] for a leaf)."""
+  return jax.tree.leaves(node, is_leaf=lambda x: x is not node)
+
+
+def _walk(node, found: LeafKind, out: list[LeafKind]) -> None:
+  fields = getattr(type(node), "_fields", None)
+  if isinstance(node, tuple) and fields is not None and found.kind is None:
+    declared = declared_moments(type(node)) or {}
+    for name, child in zip(fields, node):
+      _walk(child, LeafKind(declared.get(name),
+                            f"{type(node).__name__}.{name}"), out)
+    return
+  children = _children(node)
+  if len(children) == 1 and children[0] is node:
+    out.append(found)
+    return
+  for child in children:
+    _walk(child, found, out)
+
+
+def leaf_kinds(state) -> list[LeafKind]:
+  """Per leaf of ``state`` (``jax.tree.leaves`` order), what it is."""
+  out: list[LeafKind] = []
+  _walk(state, LeafKind(None, ""), out)
+  return out

@@ -1,0 +1,53 @@
+"""Tracing with layouts as types: params that carry their sharding.
+
+On a mesh whose axes are Explicit, JAX types every traced array with its
+sharding, so code that builds state from the params (``zeros_like``,
+reductions, reshapes) sees, and passes on, how each array is split. The
+sharding layer traces a transformation's ``init`` this way, on any mesh, to
+derive the state's layout; ``quantized_state`` reads the same types to fit
+its blocks inside one device's shard.
+
+``explicit_abstract_mesh`` is the mesh's device-free copy with Explicit
+axes; ``eval_shape_typed`` evaluates a function's output shapes on params
+typed with given specs on it; ``shard_shape`` is the shape of one device's
+piece of a traced array (its global shape when nothing types it: an Auto
+mesh, no mesh, or eager code).
+"""
+
+import jax
+from jax.sharding import AbstractMesh
+from jax.sharding import AxisType
+from jax.sharding import NamedSharding
+
+__all__ = ["eval_shape_typed", "explicit_abstract_mesh", "shard_shape"]
+
+
+def explicit_abstract_mesh(mesh) -> AbstractMesh:
+  """``mesh`` (concrete or abstract) as an ``AbstractMesh``, every axis
+  Explicit."""
+  return mesh.abstract_mesh.update_axis_types(
+      {name: AxisType.Explicit for name in mesh.axis_names})
+
+
+def eval_shape_typed(fn, params, specs, mesh):
+  """``jax.eval_shape(fn, params)`` with each param typed ``specs`` (same
+  tree, one ``PartitionSpec`` per param) on ``mesh``'s Explicit copy: the
+  outputs are ``ShapeDtypeStruct``s whose ``sharding`` says how ``fn``
+  lays them out."""
+  explicit = explicit_abstract_mesh(mesh)
+  typed = jax.tree.map(
+      lambda p, spec: jax.ShapeDtypeStruct(
+          p.shape, p.dtype, sharding=NamedSharding(explicit, spec)),
+      params, specs)
+  with jax.sharding.use_abstract_mesh(explicit):
+    return jax.eval_shape(fn, typed)
+
+
+def shard_shape(x) -> tuple[int, ...]:
+  """The shape of the piece of ``x`` one device holds, as typed where ``x``
+  is traced; ``x``'s global shape where no Explicit axis splits it."""
+  aval = jax.typeof(x)
+  sharding = getattr(aval, "sharding", None)
+  if not isinstance(sharding, NamedSharding) or not sharding.mesh.axis_names:
+    return tuple(aval.shape)
+  return tuple(sharding.shard_shape(tuple(aval.shape)))

@@ -1,0 +1,70 @@
+"""Putting trees in a layout inside the sharded step, on Auto or Explicit axes.
+
+``in_layout`` lays a tree out in given shardings inside a jitted function:
+``reshard`` on Explicit axes (the type changes), a sharding constraint on
+Auto axes (a hint the partitioner honours). ``typed`` calls a function with
+its argument typed in given shardings on any mesh: on Auto axes through
+``jax.sharding.explicit_axes``, so that code reading the types (the state's
+derivation, ``quantized_state``'s blocks) sees the same layout whatever the
+user's mesh is. ``update_in_layout`` is the one place where the sharded
+step hands ``tx.update`` its inputs in their update layout.
+"""
+
+import jax
+from jax.sharding import AxisType
+
+from shardopt._src.tree_math import apply_updates
+
+__all__ = ["in_layout", "mesh_of", "typed", "update_in_layout"]
+
+
+def mesh_of(shardings):
+  """The mesh of the first sharding in a tree of ``NamedSharding``s."""
+  return jax.tree.leaves(shardings)[0].mesh
+
+
+def _auto_axes(mesh) -> tuple[str, ...]:
+  return tuple(name for name, kind in zip(mesh.axis_names, mesh.axis_types)
+               if kind == AxisType.Auto)
+
+
+def in_layout(tree, shardings):
+  """``tree`` laid out in ``shardings`` (a matching tree) inside ``jit``."""
+  if AxisType.Explicit in mesh_of(shardings).axis_types:
+    return jax.sharding.reshard(tree, shardings)
+  return jax.lax.with_sharding_constraint(tree, shardings)
+
+
+def typed(fn, shardings):
+  """``x -> fn(x)`` with ``x`` typed in ``shardings`` (its tree) while
+  ``fn`` runs, inside ``jit``; ``fn``'s results keep the mesh's axis types."""
+  mesh = mesh_of(shardings)
+  auto = _auto_axes(mesh)
+
+  def call(x):
+    x = in_layout(x, shardings)
+    if not auto:
+      return fn(x)
+    specs = jax.tree.map(lambda s: s.spec, shardings)
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      return jax.sharding.explicit_axes(fn, axes=auto, in_sharding=(specs,))(x)
+
+  return call
+
+
+def _params_like(value, params) -> bool:
+  return (not callable(value)
+          and jax.tree.structure(value) == jax.tree.structure(params))
+
+
+def update_in_layout(tx, grads, state, params, update_shardings,
+                     param_shardings, **extra_args):
+  """``tx.update`` with grads and params (and any extra argument shaped
+  like them, e.g. a line search's ``grad``) in their update layout, inside
+  ``jit``; returns ``(new_params, new_state)``, the params in their own
+  layout."""
+  grads, moved = in_layout((grads, params), (update_shardings,) * 2)
+  extra_args = {k: in_layout(v, update_shardings) if _params_like(v, params)
+                else v for k, v in extra_args.items()}
+  updates, new_state = tx.update(grads, state, moved, **extra_args)
+  return apply_updates(params, in_layout(updates, param_shardings)), new_state

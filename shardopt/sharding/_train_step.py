@@ -1,0 +1,184 @@
+"""The whole training step as one jitted program: loss, gradients, update.
+
+``make_train_step(opt, loss_fn)`` compiles ``(params, state, batch[, key])
+-> (new_params, new_state, loss)``. Inside, the gradients are computed in
+the params' layout (the backward pass keeps it, as in the two-program step)
+and the update runs through ``update_in_layout``, like ``opt.update``.
+
+* ``has_aux``: ``loss_fn`` returns ``(loss, aux)`` and the step returns
+  ``(loss, aux)`` where the loss was, as ``jax.value_and_grad`` does.
+* Extra arguments: ``tx.update`` receives those named in ``extra_args``
+  of ``value`` (the loss), ``grad`` (the gradients), ``value_fn`` and
+  ``obj_fn`` (the loss as a function of the params on this batch); the
+  default, ``value``, ``grad`` and ``value_fn``, is what L-BFGS, the line
+  searches and Polyak's step read (Sophia reads ``obj_fn``).
+  Transformations that take none ignore them.
+* ``with_key``: the step takes a PRNG key (fresh per step, e.g.
+  ``jax.random.fold_in(root, step)``) and passes it to
+  ``loss_fn(params, batch, key)``, e.g. for dropout.
+* ``microbatches=k``: the batch is split into ``k`` microbatches scanned
+  inside the program, the gradients summed in an accumulator laid out like
+  the ZeRO'd state (the params' update layout); loss and gradients are the
+  means over the microbatches (equal to the one-batch step for a loss that
+  is a mean over examples). Every batch leaf of rank >= 1 is split along its
+  leading dimension: microbatch ``i`` takes rows ``i, i + k, i + 2k, ...``,
+  so each stays split over the data axes with no data movement.
+* Batch layout (``_batch``): by default each leaf's leading dimension over
+  the data axes, scalars replicated; ``batch_spec`` states another rule.
+"""
+
+from collections.abc import Callable
+import functools
+from typing import Any
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from shardopt._src import base
+from shardopt.sharding._batch import BatchLayout
+from shardopt.sharding._batch import batch_layout
+from shardopt.sharding._boundary import check_live
+from shardopt.sharding._layouts import in_layout
+from shardopt.sharding._layouts import mesh_of
+from shardopt.sharding._layouts import update_in_layout
+
+__all__ = ["TrainStep", "make_train_step"]
+
+
+class TrainStep(NamedTuple):
+  """``(params, state, batch[, key]) -> (new_params, new_state, loss)``, one
+  jitted program (``jitted``: the ``jax.jit`` function, same signature).
+  Each batch leaf is placed in its layout (``layout``) before the call."""
+
+  jitted: Any
+  layout: BatchLayout
+  with_key: bool
+
+  def _arguments(self, params, state, batch, key):
+    if self.with_key != (key is not None):
+      raise TypeError(
+          "train_step was built with with_key=True: pass the step's PRNG key "
+          "as the fourth argument" if self.with_key else
+          "train_step got a key but was built without with_key=True")
+    check_live("train_step", params=params, state=state, batch=batch)
+    batch = jax.device_put(batch, self.layout.shardings(batch))
+    return (params, state, batch) + ((key,) if self.with_key else ())
+
+  def __call__(self, params, state, batch, key=None):
+    return self.jitted(*self._arguments(params, state, batch, key))
+
+  def lower(self, params, state, batch, key=None):
+    return self.jitted.lower(*self._arguments(params, state, batch, key))
+
+
+def _split_microbatches(x, k: int):
+  """``(B, ...)`` -> ``(k, B / k, ...)``, microbatch ``i`` = rows ``i::k``."""
+  if not jnp.ndim(x):
+    return jnp.broadcast_to(x, (k,))
+  grouped = x.reshape(x.shape[0] // k, k, *x.shape[1:])
+  return jnp.moveaxis(grouped, 1, 0)
+
+
+def _loss_and_grads(loss_fn, has_aux, with_key, params, batch, key):
+  """``((loss, aux), grads)`` of one (micro)batch; aux None without it."""
+  args = (params, batch) + ((key,) if with_key else ())
+  out, grads = jax.value_and_grad(loss_fn, has_aux=has_aux)(*args)
+  return (out if has_aux else (out, None)), grads
+
+
+_EXTRA_ARGS = ("value", "grad", "value_fn", "obj_fn")
+
+
+def make_train_step(opt, loss_fn: Callable, *, has_aux: bool = False,
+                    with_key: bool = False, microbatches: int = 1,
+                    batch_spec: Any = None,
+                    data_axes: str | tuple[str, ...] | None = None,
+                    extra_args: tuple[str, ...] = ("value", "grad", "value_fn")
+                    ) -> TrainStep:
+  """The training step of a ``ShardedOptimizer`` as one jitted program.
+
+  Args:
+    opt: the ``ShardedOptimizer``.
+    loss_fn: ``loss_fn(params, batch) -> loss`` (``(loss, aux)`` with
+      ``has_aux``; ``loss_fn(params, batch, key)`` with ``with_key``).
+    has_aux: ``loss_fn`` returns ``(loss, aux)``; the step returns it.
+    with_key: the step takes a PRNG key and passes it to ``loss_fn`` (each
+      microbatch gets ``jax.random.fold_in(key, i)``).
+    microbatches: the number of microbatches the batch is split into and
+      accumulated over in the one program (1: none).
+    batch_spec: how batch leaves are laid out: None (the leading dimension
+      over ``data_axes``, scalars replicated), a ``PartitionSpec`` tree (a
+      prefix of the batch), or ``rule(path, shape) -> PartitionSpec``.
+    data_axes: the mesh axes the default rule splits batches over; default
+      the ZeRO axis if one was given, else ``'data'``.
+    extra_args: the extra keyword arguments ``tx.update`` receives, among
+      ``value``, ``grad``, ``value_fn`` and ``obj_fn``.
+
+  Returns:
+    A ``TrainStep``: ``(params, state, batch[, key]) -> (new_params,
+    new_state, loss)``, params and state donated with ``opt.donate``. The
+    loss (and aux) come back on device; the loss replicated.
+  """
+  unknown = sorted(set(extra_args) - set(_EXTRA_ARGS))
+  if unknown:
+    raise ValueError(f"train_step: extra_args {unknown} are not among "
+                     f"{_EXTRA_ARGS}.")
+  if not isinstance(microbatches, int) or microbatches < 1:
+    raise ValueError(f"train_step: microbatches={microbatches!r}; expected an "
+                     "integer >= 1.")
+  mesh = mesh_of(opt.param_shardings)
+  layout = batch_layout(mesh, batch_spec, data_axes, opt.plan.axis,
+                        microbatches)
+  tx = base.with_extra_args_support(opt.tx)
+  param_shardings, update_shardings = opt.param_shardings, opt.update_shardings
+  loss_and_grads = functools.partial(_loss_and_grads, loss_fn, has_aux,
+                                     with_key)
+
+  def gradients(params, batch, key):
+    if microbatches == 1:
+      (loss, aux), grads = loss_and_grads(params, batch, key)
+      return loss, aux, in_layout(grads, param_shardings)
+    parts = jax.tree.map(lambda x: _split_microbatches(x, microbatches), batch)
+    zeros = in_layout(jax.tree.map(jnp.zeros_like, params), update_shardings)
+
+    def accumulate(total, i):
+      part = jax.tree.map(lambda x: x[i], parts)
+      part_key = None if key is None else jax.random.fold_in(key, i)
+      (loss, aux), grads = loss_and_grads(params, part, part_key)
+      grads = in_layout(in_layout(grads, param_shardings), update_shardings)
+      return (jax.tree.map(jnp.add, total[0], grads),
+              total[1] + loss.astype(jnp.float32)), aux
+
+    (total, loss_sum), aux = jax.lax.scan(
+        accumulate, (zeros, jnp.zeros((), jnp.float32)),
+        jnp.arange(microbatches))
+    grads = jax.tree.map(lambda g: g / microbatches, total)
+    return loss_sum / microbatches, aux, grads
+
+  def step(params, state, batch, key=None):
+    loss, aux, grads = gradients(params, batch, key)
+    value_fn = lambda p: _loss_only(loss_fn, has_aux, with_key, p, batch, key)
+    offered = {"value": loss, "grad": grads, "value_fn": value_fn,
+               "obj_fn": value_fn}
+    new_params, new_state = update_in_layout(
+        tx, grads, state, params, update_shardings, param_shardings,
+        **{name: offered[name] for name in extra_args})
+    return new_params, new_state, ((loss, aux) if has_aux else loss)
+
+  replicated = NamedSharding(mesh, P())
+  loss_out = (replicated, None) if has_aux else replicated
+  in_shardings = (param_shardings, opt.state_shardings, None) + (
+      (replicated,) if with_key else ())
+  return TrainStep(jax.jit(
+      step, in_shardings=in_shardings,
+      out_shardings=(param_shardings, opt.state_shardings, loss_out),
+      donate_argnums=(0, 1) if opt.donate else (),
+      keep_unused=True), layout, with_key)
+
+
+def _loss_only(loss_fn, has_aux, with_key, params, batch, key):
+  out = loss_fn(params, batch, *((key,) if with_key else ()))
+  return out[0] if has_aux else out
