@@ -90,9 +90,7 @@ def build(name, bits, steps, shardings, min_size=4096):
   tx = shardopt.chain(shardopt.clip_by_global_norm(1.0), factory(schedule))
   if bits is None:
     return tx
-  return shardopt.quantized_state(tx, bits=bits, min_size=min_size,
-                                  param_shardings=shardings,
-                                  shard_state_over="data")
+  return shardopt.quantized_state(tx, bits=bits, min_size=min_size)
 
 
 def state_bytes(state, n_params, devices):

@@ -22,6 +22,7 @@ from checkpoints import failures
 from checkpoints import layout
 from checkpoints import quiet
 from checkpoints import record
+from checkpoints import retile
 from checkpoints.barrier import barrier
 from checkpoints.directory import checked_directory
 from checkpoints.errors import CheckpointError
@@ -50,12 +51,15 @@ class Restored(NamedTuple):
 
   ``skipped`` lists the newer steps ``restore_latest_valid`` passed over
   because they were damaged, newest first (always empty from ``restore``).
+  ``retiled`` names the quantized optimizer-state leaves that were saved in
+  other blocks (on another mesh) and re-encoded in the target's.
   """
 
   state: Any
   step: int
   metadata: dict
   skipped: tuple[SkippedStep, ...] = ()
+  retiled: tuple[str, ...] = ()
 
 
 def _json(value: Any, what: str) -> Any:
@@ -231,20 +235,26 @@ class CheckpointManager:
       raise ValueError(f"optimizer_changed must be one of {OPTIMIZER_CHANGED}, got {optimizer_changed!r}.")
     step = self._step(step)
     saved, metadata = self._record(step)
-    pairs = layout.named_leaves(target)
+    read_target, retiled = retile.saved_tiles(target, saved.leaves)
+    pairs = layout.named_leaves(read_target)
     what = f"Restoring step {step} from {self.directory}"
     if optimizer_changed == "reinit":
-      _, pairs = split_optimizer(target, pairs, opt_state_key)
+      _, pairs = split_optimizer(read_target, pairs, opt_state_key)
       saved_rest = {n: s for n, s in saved.leaves.items() if not is_optimizer_leaf(n, opt_state_key)}
       layout.check_same(saved_rest, layout.describe(pairs), what)
     else:
       hint = lambda paths: _reinit_hint(paths, opt_state_key)
       layout.check_same(saved.leaves, layout.describe(pairs), what, hint)
     values = self._read(step, pairs, saved, partial=len(pairs) < len(saved.leaves))
-    state = layout.rebuild(target, layout.named_leaves(target), values, saved.leaves)
+    state = layout.rebuild(read_target, layout.named_leaves(read_target), values, saved.leaves)
     if optimizer_changed == "reinit":
       state = fresh_opt_state(state, target, opt_state_key)
-    return Restored(state, step, metadata)
+    elif retiled:
+      state = retile.retile(state, target)
+      _log.warning("Step %d was saved with other quantization blocks (another mesh): re-encoded %d "
+                   "quantized leaves in this mesh's blocks (each value within one quantization step).",
+                   step, len(retiled))
+    return Restored(state, step, metadata, retiled=tuple(retiled) if optimizer_changed != "reinit" else ())
 
   def restore_subtree(self, target: Any, prefix: str, step: int | None = None) -> Restored:
     """Restores only the saved leaves under ``prefix`` (e.g. ``"params"``) into ``target``."""

@@ -103,7 +103,7 @@ def _layout(args, mesh, model, tx):
   partitioning.validate_specs(shapes, specs, mesh)
   abstract = partitioning.abstract_params(shapes, partitioning.named_shardings(mesh, specs))
   zero_axis = "data" if args.zero else None
-  tx = with_state_bits(args, tx, partitioning.named_shardings(mesh, specs), zero_axis)
+  tx = with_state_bits(args, tx)
   opt = shardopt.make_sharded_optimizer(
       tx, abstract, partitioning.named_shardings(mesh, specs), shard_state_over=zero_axis)
   return rules, specs, abstract, opt

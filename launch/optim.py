@@ -88,10 +88,9 @@ def build_optimizer(args: argparse.Namespace) -> shardopt.GradientTransformation
   return tx
 
 
-def with_state_bits(args: argparse.Namespace, tx, param_shardings, zero_axis):
-  """``tx`` with its moments quantized to --state-bits (blocks fitted to the
-  params' shardings and the ZeRO axis), or ``tx`` when it is not given."""
+def with_state_bits(args: argparse.Namespace, tx):
+  """``tx`` with its moments quantized to --state-bits, or ``tx`` when it is
+  not given (the sharded optimizer fits the blocks to the state's layout)."""
   if getattr(args, "state_bits", None) is None:
     return tx
-  return shardopt.quantized_state(tx, bits=args.state_bits, param_shardings=param_shardings,
-                                  shard_state_over=zero_axis)
+  return shardopt.quantized_state(tx, bits=args.state_bits)

@@ -116,6 +116,7 @@ from shardopt._src.wrappers.monitoring import (
 from shardopt._src.wrappers.multi_steps import (
     apply_every, ApplyEvery, MultiSteps, MultiStepsState, ShouldSkipUpdateFunction,
 )
+from shardopt._src.quantization.quantized_array import retile as retile_quantized
 from shardopt._src.wrappers.quantized_state import (
     describe_quantized_state, QuantizedArray, QuantizedStateReport, quantized_state,
 )
@@ -209,7 +210,7 @@ __all__ = [
     "OptState", "Params", "partition", "PartitionState", "per_example_global_norm_clip",
     "per_example_layer_norm_clip", "periodic_update", "piecewise_constant_schedule",
     "piecewise_interpolate_schedule", "plan_state_shardings", "polyak_sgd",
-    "polynomial_schedule", "power_iteration", "QuantizedArray", "quantized_state", "QuantizedStateReport",
+    "polynomial_schedule", "power_iteration", "QuantizedArray", "quantized_state", "QuantizedStateReport", "retile_quantized",
     "radam", "ReplicatedStateWarning", "rmsprop", "rprop",
     "safe_increment", "safe_int32_increment", "safe_norm", "safe_root_mean_squares",
     "ScalarOrSchedule", "scale", "scale_by_adadelta", "scale_by_adam", "scale_by_adamax",

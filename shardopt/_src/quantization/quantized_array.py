@@ -42,6 +42,10 @@ class QuantizedArray:
   def book(self) -> codes.CodeBook:
     return codes.code_book(self.bits, self.signed, self.code)
 
+  def decode(self, dtype=jnp.float32) -> jax.Array:
+    """The values stored, in ``dtype``."""
+    return decode(self, dtype)
+
 
 jax.tree_util.register_dataclass(
     QuantizedArray, data_fields=["codes", "scales"],
