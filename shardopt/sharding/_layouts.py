@@ -13,8 +13,6 @@ step hands ``tx.update`` its inputs in their update layout.
 import jax
 from jax.sharding import AxisType
 
-from shardopt._src.tree_math import apply_updates
-
 __all__ = ["in_layout", "mesh_of", "typed", "update_in_layout"]
 
 
@@ -61,10 +59,10 @@ def update_in_layout(tx, grads, state, params, update_shardings,
                      param_shardings, **extra_args):
   """``tx.update`` with grads and params (and any extra argument shaped
   like them, e.g. a line search's ``grad``) in their update layout, inside
-  ``jit``; returns ``(new_params, new_state)``, the params in their own
+  ``jit``; returns ``(updates, new_state)``, the updates in the params'
   layout."""
   grads, moved = in_layout((grads, params), (update_shardings,) * 2)
   extra_args = {k: in_layout(v, update_shardings) if _params_like(v, params)
                 else v for k, v in extra_args.items()}
   updates, new_state = tx.update(grads, state, moved, **extra_args)
-  return apply_updates(params, in_layout(updates, param_shardings)), new_state
+  return in_layout(updates, param_shardings), new_state

@@ -34,6 +34,7 @@ from typing import NamedTuple
 
 import jax
 
+from shardopt._src.tree_math import apply_updates
 from shardopt.sharding._boundary import check_grads
 from shardopt.sharding._boundary import check_live
 from shardopt.sharding._derivation import StatePlan
@@ -115,8 +116,10 @@ def sharded_update(tx, param_shardings, state_shardings, *,
 
   def step(params, grads, state, arrays, callables):
     check_grads(grads, params)  # while tracing: once per signature
-    return update_in_layout(tx, grads, state, params, layout, param_shardings,
-                            **arrays, **dict(callables))
+    updates, new_state = update_in_layout(
+        tx, grads, state, params, layout, param_shardings, **arrays,
+        **dict(callables))
+    return apply_updates(params, updates), new_state
 
   return ShardedUpdate(jax.jit(
       step,
@@ -148,7 +151,8 @@ class ShardedOptimizer(NamedTuple):
   def train_step(self, loss_fn: Callable, **options) -> TrainStep:
     """The training step as one jitted program; see ``make_train_step`` for
     ``loss_fn`` and the options (``has_aux``, ``with_key``,
-    ``microbatches``, ``batch_spec``, ``data_axes``)."""
+    ``microbatches``, ``batch_spec``, ``data_axes``, ``extra_args``,
+    ``metrics``)."""
     return make_train_step(self, loss_fn, **options)
 
 

@@ -25,6 +25,9 @@ and the update runs through ``update_in_layout``, like ``opt.update``.
   so each stays split over the data axes with no data movement.
 * Batch layout (``_batch``): by default each leaf's leading dimension over
   the data axes, scalars replicated; ``batch_spec`` states another rule.
+* ``metrics``: ``metrics(grads, updates, new_params)`` computed inside the
+  program (e.g. ``global_norms``), returned as a fourth output, so the
+  norms people plot cost no host sync of their own.
 """
 
 from collections.abc import Callable
@@ -38,6 +41,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shardopt._src import base
+from shardopt._src.tree_math import apply_updates
+from shardopt._src.tree_math import global_norm
 from shardopt.sharding._batch import BatchLayout
 from shardopt.sharding._batch import batch_layout
 from shardopt.sharding._boundary import check_live
@@ -45,13 +50,21 @@ from shardopt.sharding._layouts import in_layout
 from shardopt.sharding._layouts import mesh_of
 from shardopt.sharding._layouts import update_in_layout
 
-__all__ = ["TrainStep", "make_train_step"]
+__all__ = ["TrainStep", "global_norms", "make_train_step"]
+
+
+def global_norms(grads, updates, new_params) -> dict[str, jax.Array]:
+  """A ``metrics`` function: the global norms of the gradients (before any
+  clipping ``tx`` does), of the updates applied and of the new params."""
+  return {"grad_norm": global_norm(grads), "update_norm": global_norm(updates),
+          "param_norm": global_norm(new_params)}
 
 
 class TrainStep(NamedTuple):
-  """``(params, state, batch[, key]) -> (new_params, new_state, loss)``, one
-  jitted program (``jitted``: the ``jax.jit`` function, same signature).
-  Each batch leaf is placed in its layout (``layout``) before the call."""
+  """``(params, state, batch[, key]) -> (new_params, new_state, loss[,
+  metrics])``, one jitted program (``jitted``: the ``jax.jit`` function,
+  same signature). Each batch leaf is placed in its layout (``layout``)
+  before the call."""
 
   jitted: Any
   layout: BatchLayout
@@ -96,8 +109,8 @@ def make_train_step(opt, loss_fn: Callable, *, has_aux: bool = False,
                     with_key: bool = False, microbatches: int = 1,
                     batch_spec: Any = None,
                     data_axes: str | tuple[str, ...] | None = None,
-                    extra_args: tuple[str, ...] = ("value", "grad", "value_fn")
-                    ) -> TrainStep:
+                    extra_args: tuple[str, ...] = ("value", "grad", "value_fn"),
+                    metrics: Callable | None = None) -> TrainStep:
   """The training step of a ``ShardedOptimizer`` as one jitted program.
 
   Args:
@@ -116,11 +129,15 @@ def make_train_step(opt, loss_fn: Callable, *, has_aux: bool = False,
       the ZeRO axis if one was given, else ``'data'``.
     extra_args: the extra keyword arguments ``tx.update`` receives, among
       ``value``, ``grad``, ``value_fn`` and ``obj_fn``.
+    metrics: ``metrics(grads, updates, new_params) -> pytree`` of values to
+      return as well (e.g. ``global_norms``); replicated.
 
   Returns:
     A ``TrainStep``: ``(params, state, batch[, key]) -> (new_params,
-    new_state, loss)``, params and state donated with ``opt.donate``. The
-    loss (and aux) come back on device; the loss replicated.
+    new_state, loss)`` (``loss`` is ``(loss, aux)`` with ``has_aux``; a
+    fourth output, the metrics, with ``metrics``), params and state donated
+    with ``opt.donate``. Everything comes back on device; the loss and
+    metrics replicated.
   """
   unknown = sorted(set(extra_args) - set(_EXTRA_ARGS))
   if unknown:
@@ -163,18 +180,24 @@ def make_train_step(opt, loss_fn: Callable, *, has_aux: bool = False,
     value_fn = lambda p: _loss_only(loss_fn, has_aux, with_key, p, batch, key)
     offered = {"value": loss, "grad": grads, "value_fn": value_fn,
                "obj_fn": value_fn}
-    new_params, new_state = update_in_layout(
+    updates, new_state = update_in_layout(
         tx, grads, state, params, update_shardings, param_shardings,
         **{name: offered[name] for name in extra_args})
-    return new_params, new_state, ((loss, aux) if has_aux else loss)
+    new_params = apply_updates(params, updates)
+    out = (new_params, new_state, (loss, aux) if has_aux else loss)
+    if metrics is not None:
+      out += (metrics(in_layout(grads, param_shardings), updates, new_params),)
+    return out
 
   replicated = NamedSharding(mesh, P())
   loss_out = (replicated, None) if has_aux else replicated
   in_shardings = (param_shardings, opt.state_shardings, None) + (
       (replicated,) if with_key else ())
+  out_shardings = (param_shardings, opt.state_shardings, loss_out) + (
+      (replicated,) if metrics is not None else ())
   return TrainStep(jax.jit(
       step, in_shardings=in_shardings,
-      out_shardings=(param_shardings, opt.state_shardings, loss_out),
+      out_shardings=out_shardings,
       donate_argnums=(0, 1) if opt.donate else (),
       keep_unused=True), layout, with_key)
 
