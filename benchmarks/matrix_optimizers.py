@@ -40,13 +40,9 @@ LOG_EVERY = 10
 # optimizer -> learning rates. A first sweep one step of 3x lower
 # (adamw, shampoo, soap 1e-3..1e-2; muon 3e-3..3e-2) found every optimizer
 # best at its highest rate, so the sweep was moved up by one step.
-# Shampoo's and SOAP's default blocks tile every split over the 8 devices: on this model at
-# most 8 long along d_model (64 / gcd(64, 8)). One run with --opt max_shards=2
-# (blocks up to 32 x 64, enough for the demo's model=2 splits) reached a
-# lower loss for shampoo at lr 3e-3 (2.631 against 2.672, last 10 steps) but
-# took 3.7 s per step against 73 ms on the loaded machine (not profiled; on
-# Auto axes a refresh gathers the statistics and decomposes every block on
-# every device), too slow for this sweep.
+# Shampoo and SOAP at their default block_size (128): on this model d_model
+# (64), the heads and the head dimension are whole blocks, the 256-long
+# vocabulary and mlp dimensions 2 blocks of 128.
 # adafactor, sgd and lion were added later (launch/defaults.py takes every best),
 # with 4 rates: their first runs lost most to the others at the lower rates;
 # adafactor was best at its highest, 0.1, so 0.3 and 1.0 were added.
@@ -183,10 +179,10 @@ def _write(args, results: dict, default_runs: dict, planned: int, started: float
        f" last run: {os.getloadavg()[0]:.1f} on 2 cores: other engineers' processes shared"
        " the CPU, so the times are noisy (compare them only within this file, roughly)."),
       "",
-      ("Shampoo and SOAP run with their default blocks, which tile every split over"
-       " the 8 devices: on this model at most 8 long along d_model (64 / gcd(64, 8);"
-       " `shardopt.contrib.block_layout` states them), so their preconditioners are"
-       " small; see the note above SWEEPS in the script for one run with larger blocks."),
+      ("Shampoo and SOAP run with their default block_size (128): on this model"
+       " d_model (64), the heads and the head dimension are whole blocks, the"
+       " 256-long vocabulary and mlp dimensions 2 blocks of 128"
+       " (`shardopt.contrib.block_layout` states them)."),
       "",
       "## Every run", "", *_table(results), "",
       "## Best learning rate of each (lowest mean loss over the last 10 steps)", "",

@@ -20,10 +20,13 @@ def test_optimizer_names_resolve(name, home):
 
 def test_integer_keywords_stay_integers(tmp_path):
   args = _args(tmp_path, "--optimizer", "shampoo", "--opt", "block_size=16",
-               "--opt", "max_shards=2", "--opt", "eps=1e-4")
+               "--opt", "precondition_frequency=5", "--opt", "eps=1e-4")
   kwargs = optim.optimizer_kwargs(args, shardopt.contrib.shampoo)
-  assert kwargs == {"block_size": 16, "max_shards": 2, "eps": 1e-4}
-  assert [type(kwargs[k]) for k in ("block_size", "max_shards", "eps")] == [int, int, float]
+  assert kwargs == {"block_size": 16, "precondition_frequency": 5, "eps": 1e-4}
+  assert [type(kwargs[k]) for k in kwargs] == [int, int, float]
+  args = _args(tmp_path, "--optimizer", "adamw", "--opt", "state_bits=8")
+  kwargs = optim.optimizer_kwargs(args, shardopt.adamw)  # annotated int | None
+  assert kwargs == {"state_bits": 8} and type(kwargs["state_bits"]) is int
 
 
 def test_unknown_name_points_to_contrib():

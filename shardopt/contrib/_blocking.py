@@ -1,55 +1,60 @@
-"""Blocked views of params for Shampoo and SOAP, aligned with the param's shards.
+"""Blocked views of params for Shampoo and SOAP, fixed by ``block_size`` alone.
 
-A param of shape ``(d_1, ..., d_k)`` is cut, along each dimension ``i``, into
-``n_i = d_i / b_i`` blocks of ``b_i`` elements. ``n_i`` is a multiple of
-``g_i = gcd(d_i, max_shards)`` (``max_shards``: the devices a dimension may
-be split over, by default all of them), and ``b_i`` is the largest divisor of
-``d_i / g_i`` not above ``block_size``. Every even split of the dimension
-over ``s`` devices has ``s`` dividing ``g_i``, so each shard holds
-``n_i / s`` whole blocks, whatever the mesh; and ``b_i`` depends on the
-shape alone, so every trace of ``init`` (sharded or not) builds the same
-state. The blocked view has shape
-``(n_1, ..., n_k, b_1, ..., b_k)``: block indices first, then the position
-inside the block. A per-dimension statistic of the blocks has shape
-``(n_1, ..., n_k, b_i, b_i)``; its leading block dimensions carry the param's
-mesh axes, so the statistics of a block live on the device that holds that
-block of the param, and ``shardopt.sharding`` derives their shardings like
-any other state leaf.
+A dimension of length ``d`` is cut into ``n = ceil(d / block_size)`` blocks of
+``b = ceil(d / n)`` elements (at most ``block_size``; the last block padded
+with ``n b - d < n`` zeros where ``n`` does not divide ``d``). The layout
+depends on the param's shape and ``block_size`` only, never on the mesh or
+the device count, so the state has the same shapes and the optimizer the
+same numbers on any number of devices, and a checkpoint restores onto any
+mesh. The blocked view has shape ``(n_1, ..., n_k, b_1, ..., b_k)``: block
+indices first, then the position inside the block. A per-dimension statistic
+of the blocks has shape ``(n_1, ..., n_k, b_i, b_i)``.
 
-``init`` checks the tiling when it is traced on sharded params (as
-``plan_state_shardings`` does) and raises, naming the param, when a split
-is uneven or ``max_shards`` was set below it.
+Where ``b`` divides the length of a dimension's shards, each shard holds whole
+blocks: the leading block dimension carries the param's mesh axes, the
+statistics of a block live on the device that holds that block of the param,
+and ``shardopt.sharding`` derives their shardings (and ZeRO splits whole
+blocks) like any other state leaf. Where it does not, blocks straddle shards:
+that block dimension is gathered for the step and its statistics are not
+split over those axes (correct, with collectives; ``block_layout`` states
+the layout so a ``block_size`` that tiles the shards can be chosen).
+
+Zero padding changes nothing inside a block: the statistics' padded rows and
+columns are zero, so their inverse roots and eigenbases are block-diagonal,
+real part and padding apart; the optimizers mask the padded positions
+(``real_mask``) where rounding could mix them.
 """
 
+import functools
 import math
-import string
 from typing import Any
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+
+from shardopt.contrib._blockwise import blockwise
 
 __all__ = [
     "BlockLayout",
     "apply_along",
     "block_layout",
     "block_sizes",
-    "check_aligned",
     "explicit_spec",
     "eye_like",
     "from_blocks",
     "gram",
+    "in_layout_of",
     "is_blocked",
+    "padding",
+    "real_mask",
     "refresh_due",
-    "reshape",
     "to_blocks",
     "unzip",
 ]
-
-_OUTER = string.ascii_lowercase[:8]
-_INNER = string.ascii_uppercase[:8]
 
 
 class BlockLayout(NamedTuple):
@@ -62,35 +67,40 @@ class BlockLayout(NamedTuple):
   def __str__(self) -> str:
     if not self.block:
       return f"{self.shape}: not blocked (rank < 2)"
-    return (f"{self.shape}: {' x '.join(map(str, self.grid))} blocks of "
+    text = (f"{self.shape}: {' x '.join(map(str, self.grid))} blocks of "
             f"{' x '.join(map(str, self.block))}")
+    padded = _padded(self.grid, self.block)
+    if padded != self.shape:
+      text += f" (zero-padded to {' x '.join(map(str, padded))})"
+    return text
 
 
 def is_blocked(shape) -> bool:
   """Params of rank 2 and more are preconditioned per block; others are not."""
-  return 2 <= len(shape) <= len(_OUTER)
+  return len(shape) >= 2
 
 
-def _largest_divisor(n: int, at_most: int) -> int:
-  return max(b for b in range(1, min(n, at_most) + 1) if n % b == 0)
+def _grid(shape, block) -> tuple[int, ...]:
+  return tuple(-(-d // b) for d, b in zip(shape, block))
 
 
-def block_sizes(shape, block_size: int,
-                max_shards: int | None = None) -> tuple[int, ...]:
-  """Per dimension ``d``, the largest divisor of ``d / gcd(d, max_shards)``
-  not above ``block_size`` (``max_shards`` None: ``jax.device_count()``)."""
-  shards = jax.device_count() if max_shards is None else max_shards
-  return tuple(_largest_divisor(d // math.gcd(d, shards), block_size)
-               for d in shape)
+def _padded(grid, block) -> tuple[int, ...]:
+  return tuple(n * b for n, b in zip(grid, block))
 
 
-def block_layout(params, block_size: int, max_shards: int | None = None) -> Any:
+def block_sizes(shape, block_size: int) -> tuple[int, ...]:
+  """Per dimension ``d``: ``ceil(d / n)`` with ``n = ceil(d / block_size)``."""
+  if block_size < 1:
+    raise ValueError(f"block_size={block_size}: expected a positive integer.")
+  return tuple(-(-d // -(-d // block_size)) for d in shape)
+
+
+def block_layout(params, block_size: int) -> Any:
   """The ``BlockLayout`` of every param (``str()`` of one reads as a sentence).
 
   Args:
     params: a tree of arrays or ``jax.ShapeDtypeStruct``.
     block_size: the ``block_size`` given to ``shampoo``/``soap``.
-    max_shards: their ``max_shards``.
 
   Returns:
     A tree of ``BlockLayout`` with the structure of ``params``.
@@ -99,9 +109,35 @@ def block_layout(params, block_size: int, max_shards: int | None = None) -> Any:
     shape = tuple(p.shape)
     if not is_blocked(shape):
       return BlockLayout(shape, (), ())
-    block = block_sizes(shape, block_size, max_shards)
-    return BlockLayout(shape, block, tuple(d // b for d, b in zip(shape, block)))
+    block = block_sizes(shape, block_size)
+    return BlockLayout(shape, block, _grid(shape, block))
   return jax.tree.map(layout, params)
+
+
+def padding(shape, block, dim: int) -> np.ndarray | None:
+  """Where dimension ``dim``'s blocks ``(n, b)`` hold padding (True); None
+  when it has none."""
+  d, b = shape[dim], block[dim]
+  n = -(-d // b)
+  if n * b == d:
+    return None
+  return (np.arange(n)[:, None] * b + np.arange(b)[None, :]) >= d
+
+
+def real_mask(shape, block) -> np.ndarray | None:
+  """Where the blocked view ``(n.., b..)`` of an array of ``shape`` holds the
+  array (True) rather than padding, broadcastable; None when nothing is
+  padded."""
+  k = len(shape)
+  mask = None
+  for i in range(k):
+    pad = padding(shape, block, i)
+    if pad is not None:
+      dims = [1] * 2 * k
+      dims[i], dims[k + i] = pad.shape
+      real = ~pad.reshape(dims)
+      mask = real if mask is None else mask & real
+  return mask
 
 
 def explicit_spec(x) -> tuple | None:
@@ -123,7 +159,7 @@ def in_layout_of(x: jax.Array, like: jax.Array) -> jax.Array:
   return jax.sharding.reshard(x, NamedSharding(sharding.mesh, sharding.spec))
 
 
-def reshape(x, shape, spec_entries):
+def _reshape(x, shape, spec_entries):
   """``x.reshape(shape)``, telling JAX the result's spec on Explicit axes."""
   if spec_entries is None:
     return jnp.reshape(x, shape)
@@ -132,68 +168,83 @@ def reshape(x, shape, spec_entries):
                          out_sharding=NamedSharding(mesh, P(*spec_entries)))
 
 
-def to_blocks(x: jax.Array, block: tuple[int, ...]) -> jax.Array:
-  """``(d_1..d_k) -> (n_1..n_k, b_1..b_k)``; block dims keep ``x``'s axes."""
-  k = x.ndim
-  split = [s for d, b in zip(x.shape, block) for s in (d // b, b)]
+def _reshard(x, spec_entries):
+  """``x`` with spec ``spec_entries`` on Explicit axes (no-op when equal)."""
+  if spec_entries is None or tuple(spec_entries) == explicit_spec(x):
+    return x
+  mesh = jax.typeof(x).sharding.mesh
+  return jax.sharding.reshard(x, NamedSharding(mesh, P(*spec_entries)))
+
+
+def _tiled_spec(x, block) -> list | None:
+  """On Explicit axes, ``x``'s spec with the entries of dimensions whose
+  shards blocks of ``block`` do not tile dropped (those are gathered)."""
   spec = explicit_spec(x)
+  if spec is None:
+    return None
+  sizes = jax.typeof(x).sharding.mesh.shape
+  kept = []
+  for entry, d, b in zip(spec, x.shape, block):
+    names = entry if isinstance(entry, tuple) else (entry,)
+    split = math.prod(sizes[n] for n in names if n is not None)
+    kept.append(entry if d % b == 0 and (d // b) % split == 0 else None)
+  return kept
+
+
+def to_blocks(x: jax.Array, block: tuple[int, ...]) -> jax.Array:
+  """``(d_1..d_k) -> (n_1..n_k, b_1..b_k)``, zero-padded where ``b_i`` does
+  not divide ``d_i``; block dims keep the mesh axes of shards they tile."""
+  k = x.ndim
+  spec = _tiled_spec(x, block)
+  x = _reshard(x, spec)
+  grid = _grid(x.shape, block)
+  padded = _padded(grid, block)
+  if padded != x.shape:
+    x = jnp.pad(x, [(0, p - d) for p, d in zip(padded, x.shape)])
+  split = [s for n, b in zip(grid, block) for s in (n, b)]
   split_spec = None if spec is None else [e for s in spec for e in (s, None)]
-  y = reshape(x, split, split_spec)
+  y = _reshape(x, split, split_spec)
   return jnp.transpose(y, [2 * i for i in range(k)] + [2 * i + 1 for i in range(k)])
 
 
 def from_blocks(y: jax.Array, like: jax.Array) -> jax.Array:
-  """Inverse of ``to_blocks``: back to ``like``'s shape (and spec)."""
+  """Inverse of ``to_blocks``: back to ``like``'s shape and spec."""
   k = like.ndim
+  block = y.shape[k:]
   order = [j for i in range(k) for j in (i, k + i)]
-  return reshape(jnp.transpose(y, order), like.shape, explicit_spec(like))
-
-
-def _subscripts(k: int) -> tuple[str, str]:
-  return _OUTER[:k], _INNER[:k]
+  spec = _tiled_spec(like, block)
+  x = _reshape(jnp.transpose(y, order), _padded(y.shape[:k], block), spec)
+  if x.shape != like.shape:
+    x = x[tuple(slice(0, d) for d in like.shape)]
+  return _reshard(x, explicit_spec(like))
 
 
 def gram(blocks: jax.Array, dim: int) -> jax.Array:
   """Per block, ``G_(i) G_(i)^T`` along inner dim ``dim``: ``(n.., b_i, b_i)``."""
-  k = blocks.ndim // 2
-  outer, inner = _subscripts(k)
-  other = inner.replace(inner[dim], "z")
-  spec = f"{outer}{inner},{outer}{other}->{outer}{inner[dim]}z"
-  return jnp.einsum(spec, blocks, blocks)
+  return blockwise(functools.partial(_gram, dim=dim), blocks.ndim // 2, blocks)
+
+
+def _gram(block, dim):
+  others = [j for j in range(block.ndim) if j != dim]
+  return jnp.tensordot(block, block, axes=(others, others))
 
 
 def apply_along(mats: jax.Array, blocks: jax.Array, dim: int,
                 transpose: bool = False) -> jax.Array:
-  """Per block, multiplies inner dim ``dim`` by ``mats`` (``M x`` or ``M^T x``)."""
-  k = blocks.ndim // 2
-  outer, inner = _subscripts(k)
-  pair = f"z{inner[dim]}" if transpose else f"{inner[dim]}z"
-  source = inner.replace(inner[dim], "z")
-  return jnp.einsum(f"{outer}{pair},{outer}{source}->{outer}{inner}",
-                    mats, blocks)
+  """Per block, multiplies inner dim ``dim`` by ``mats`` (``M x`` or ``M^T x``);
+  the result is laid out as ``blocks``."""
+  return blockwise(functools.partial(_apply_along, dim=dim, transpose=transpose),
+                   blocks.ndim // 2, blocks, mats)
+
+
+def _apply_along(block, mat, dim, transpose):
+  product = jnp.tensordot(mat, block, axes=(0 if transpose else 1, dim))
+  return jnp.moveaxis(product, 0, dim)
 
 
 def eye_like(mats: jax.Array) -> jax.Array:
   """Identity matrices in every block, laid out like ``mats``."""
   return jnp.zeros_like(mats) + jnp.eye(mats.shape[-1], dtype=mats.dtype)
-
-
-def check_aligned(path: str, x, block: tuple[int, ...]) -> None:
-  """Raises when blocks of ``x`` would straddle two shards of ``x``."""
-  spec = explicit_spec(x)
-  if spec is None:
-    return
-  mesh = jax.typeof(x).sharding.mesh
-  for dim, (entry, d, b) in enumerate(zip(spec, x.shape, block)):
-    names = entry if isinstance(entry, tuple) else (entry,)
-    split = math.prod(mesh.shape[n] for n in names if n is not None)
-    if d % split or (d // b) % split:
-      raise ValueError(
-          f"params{path}: dimension {dim} (length {d}) is split over mesh "
-          f"axes {entry} ({split} devices), which blocks of {b} do not tile, "
-          "so a block's statistics would span devices. Split it evenly, and "
-          f"leave max_shards at its default (all devices) or pass a multiple "
-          f"of {split}.")
 
 
 def refresh_due(count, start: int, every: int) -> jax.Array:

@@ -5,7 +5,7 @@ For a param of rank ``k >= 2`` cut into blocks (see ``_blocking``), each block
 (``w1 = b2, w2 = 1 - b2``; both 1 when ``b2 == 1``, the sums of Gupta et
 al.), and every ``precondition_frequency`` steps from
 ``start_preconditioning_step`` on the preconditioners
-``P_i = (L_i + eps I)^(-1/(2k))``. The preconditioned block is
+``P_i = (L_i + eps lambda_max(L_i) I)^(-1/(2k))``. The preconditioned block is
 ``G x_1 P_1 ... x_k P_k``, rescaled to the norm of the grafting direction of
 the same block (Anil et al. 2020). Params of rank < 2, and every param before
 ``start_preconditioning_step``, follow the grafting direction.
@@ -24,6 +24,7 @@ from shardopt._src.transforms import weight_decay as weight_decay_lib
 from shardopt._src.wrappers import combine
 from shardopt.contrib import _blocking as blocking
 from shardopt.contrib import _matrix_roots as roots
+from shardopt.contrib._blockwise import blockwise
 
 __all__ = ["ShampooState", "scale_by_shampoo", "shampoo"]
 
@@ -35,7 +36,7 @@ class ShampooState(NamedTuple):
 
   count: jax.Array  # int32 scalar: steps taken
   stats: Any  # per param: one (n_1..n_k, b_i, b_i) statistic per dimension
-  preconditioners: Any  # per param: (L_i + eps I)^(-1/(2k)), like stats
+  preconditioners: Any  # per param: inverse roots of stats, like stats
   graft: Any  # per param: the grafting accumulator (adagrad, rmsprop)
   mu: Any  # per param: momentum of the direction (b1 > 0)
 
@@ -57,27 +58,33 @@ def _graft_direction(grafting, g, acc, b2, graft_eps, count):
     return g / (jnp.sqrt(acc) + graft_eps), acc
   if grafting == "rmsprop":
     acc = b2 * acc + (1.0 - b2) * numerics.abs_sq(g)
-    corrected = acc / (1.0 - b2 ** count.astype(g.dtype))
+    # A reciprocal: XLA rewrites a division by a scalar in some programs
+    # and not in others (1 ulp apart).
+    corrected = acc * (1 / (1 - b2 ** count)).astype(g.dtype)
     return g / (jnp.sqrt(corrected) + graft_eps), acc
   return g, acc
 
 
-def _block_norms(blocks: jax.Array) -> jax.Array:
-  k = blocks.ndim // 2
-  return jnp.sqrt(jnp.sum(blocks * blocks, axis=tuple(range(k, 2 * k)),
-                          keepdims=True))
-
-
 def _graft(blocks, graft_blocks):
   """Each block rescaled to the norm of the grafting direction's block."""
-  norm, target = _block_norms(blocks), _block_norms(graft_blocks)
-  safe = jnp.where(norm > 0, norm, 1.0)
-  return blocks * jnp.where(norm > 0, target / safe, 0.0)
+  return blockwise(_graft_block, blocks.ndim // 2, blocks, graft_blocks)
+
+
+def _graft_block(block, graft_block):
+  norm = jnp.sqrt(jnp.sum(block * block))
+  target = jnp.sqrt(jnp.sum(graft_block * graft_block))
+  return block * jnp.where(norm > 0, target / jnp.where(norm > 0, norm, 1.0), 0.0)
+
+
+# Anil et al.'s block size: a 128 x 128 eigendecomposition per block and
+# dimension is cheap next to a large model's step, and 128 tiles the shards of
+# power-of-two dimensions split up to d / 128 ways. The LM demo's d_model (64)
+# and head dimensions stay whole blocks; its 256-long dimensions are 2 blocks.
+DEFAULT_BLOCK_SIZE = 128
 
 
 def scale_by_shampoo(
-    block_size: int = 128,
-    max_shards: int | None = None,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     b1: float = 0.9,
     b2: float = 0.999,
     eps: float = 1e-6,
@@ -90,16 +97,22 @@ def scale_by_shampoo(
   """Rescales updates by blocked Shampoo preconditioners, with grafting.
 
   Args:
-    block_size: the longest block along any dimension. Blocks must tile
-      the param's shards (``init`` raises, naming the param, when not).
-    max_shards: the most devices any dimension is split over (None: all
-      devices). Each dimension ``d`` is cut into a multiple of
-      ``gcd(d, max_shards)`` blocks, so blocks tile every even split of it
-      (see ``block_layout``).
+    block_size: the longest block along any dimension: a dimension of length
+      ``d`` is cut into ``ceil(d / block_size)`` equal blocks (the last one
+      zero-padded where they do not divide ``d``; ``block_layout`` states
+      the layout). The layout, the state's shapes and the numbers depend on
+      ``block_size`` and the params only, not on the mesh. Where
+      ``block_size`` divides the length of a dimension's shards, every block
+      lives on one device and the sharded step adds no collective to the
+      gradient's; elsewhere the blocks straddling shards are gathered.
+      Default 128 (Anil et al.): cheap eigendecompositions, and it tiles
+      power-of-two dimensions split up to ``d / 128`` ways.
     b1: decay of the momentum of the direction (0 for none).
     b2: decay of the statistics and of the rmsprop grafting accumulator;
       1.0 sums the statistics (Gupta et al.).
-    eps: added to the statistics' diagonal before the inverse root.
+    eps: the damping added to the statistics' diagonal before the inverse
+      root, relative to each block's largest eigenvalue (so the same at any
+      scale of the gradients).
     grafting: 'adagrad', 'rmsprop' (bias-corrected), 'sgd' (the gradient's
       norm) or 'none' (the raw preconditioned direction).
     graft_eps: added to the grafting denominator.
@@ -107,10 +120,10 @@ def scale_by_shampoo(
       preconditioners.
     start_preconditioning_step: the first step (1-based) that preconditions;
       earlier steps follow the grafting direction.
-    inverse_root_method: 'eigh' (one eigendecomposition per block; on
-      Auto mesh axes a refresh all-gathers the statistics, on Explicit axes
-      it does not) or 'newton' (the coupled Newton iteration of Anil et al.,
-      matrix products only: the sharded step has no collective).
+    inverse_root_method: 'eigh' (one eigendecomposition per block) or
+      'newton' (the coupled Newton iteration of Anil et al., matrix products
+      only; a block where it does not converge, or gives a non-finite
+      result, keeps its previous preconditioner).
 
   Returns:
     A ``GradientTransformation`` whose state is a ``ShampooState``.
@@ -123,23 +136,22 @@ def scale_by_shampoo(
   """
   _check(block_size, grafting, precondition_frequency,
          start_preconditioning_step)
+  roots.check_method(inverse_root_method)
   w1, w2 = (b2, 1.0 - b2) if b2 != 1.0 else (1.0, 1.0)
   keeps_graft = grafting in ("adagrad", "rmsprop")
 
-  def init_param(path, p):
+  def init_param(p):
     zeros = jnp.zeros_like(p)
     graft, mu = (zeros if keeps_graft else ()), (zeros if b1 else ())
     if not blocking.is_blocked(p.shape):
       return (), (), graft, mu
-    block = blocking.block_sizes(p.shape, block_size, max_shards)
-    blocking.check_aligned(jax.tree_util.keystr(path), p, block)
-    blocks = blocking.to_blocks(p, block)
+    blocks = blocking.to_blocks(p, blocking.block_sizes(p.shape, block_size))
     stats = tuple(jnp.zeros_like(blocking.gram(blocks, i))
                   for i in range(p.ndim))
     return stats, tuple(blocking.eye_like(s) for s in stats), graft, mu
 
   def init_fn(params):
-    per_param = jax.tree_util.tree_map_with_path(init_param, params)
+    per_param = jax.tree.map(init_param, params)
     return ShampooState(jnp.zeros([], jnp.int32),
                         *blocking.unzip(params, per_param, 4))
 
@@ -155,10 +167,14 @@ def scale_by_shampoo(
           blocking.refresh_due(count, start_preconditioning_step,
                                precondition_frequency),
           lambda: tuple(roots.inverse_root(s, 2 * g.ndim, eps,
-                                           inverse_root_method) for s in stats),
+                                           inverse_root_method, previous)
+                        for s, previous in zip(stats, preconditioners)),
           lambda: preconditioners)
       for i, pre in enumerate(preconditioners):
         blocks = blocking.apply_along(pre, blocks, i)
+      mask = blocking.real_mask(g.shape, block)
+      if mask is not None:  # rounding may leak into the padding
+        blocks = jnp.where(mask, blocks, 0.0)
       if grafting != "none":
         blocks = _graft(blocks, blocking.to_blocks(direction, block))
       direction = jnp.where(count >= start_preconditioning_step,
@@ -182,8 +198,7 @@ def scale_by_shampoo(
 
 def shampoo(
     learning_rate: base.ScalarOrSchedule,
-    block_size: int = 128,
-    max_shards: int | None = None,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     b1: float = 0.9,
     b2: float = 0.999,
     eps: float = 1e-6,
@@ -201,12 +216,12 @@ def shampoo(
 
   Args:
     learning_rate: a scalar or a schedule of the step count.
-    block_size: the longest block along any dimension (see
+    block_size: the longest block along any dimension, default 128 (see
       ``scale_by_shampoo``).
-    max_shards: the most devices any dimension is split over (None: all).
     b1: decay of the momentum of the direction (0 for none).
     b2: decay of the statistics and of the rmsprop grafting accumulator.
-    eps: added to the statistics' diagonal before the inverse root.
+    eps: the damping of the inverse root, relative to each block's largest
+      eigenvalue.
     weight_decay: decoupled weight decay (a scalar or a schedule).
     grafting: 'adagrad', 'rmsprop', 'sgd' or 'none'.
     graft_eps: added to the grafting denominator.
@@ -225,7 +240,7 @@ def shampoo(
     (https://arxiv.org/abs/2002.09018).
   """
   return combine.chain(
-      scale_by_shampoo(block_size, max_shards, b1, b2, eps, grafting, graft_eps,
+      scale_by_shampoo(block_size, b1, b2, eps, grafting, graft_eps,
                        precondition_frequency, start_preconditioning_step,
                        inverse_root_method),
       weight_decay_lib.add_decayed_weights(weight_decay),

@@ -2,20 +2,23 @@
 
 For a param of rank ``k >= 2`` cut into blocks (see ``_blocking``), each block
 keeps per dimension the statistic ``L_i <- s L_i + (1 - s) G_(i) G_(i)^T``
-(``s = shampoo_beta``) and its eigenvectors ``Q_i``, recomputed every
+(``s = shampoo_beta``) and an eigenbasis ``Q_i`` of it, refreshed every
 ``precondition_frequency`` steps from ``start_preconditioning_step`` on, at
 the end of the step (the identity before): a step rotates by the eigenbases of
 earlier gradients, as in the authors' code (the eigenbasis of the current
 gradient alone would make the rotated gradient diagonal, and the Adam ratio
 of its zero off-diagonal entries noise). The first moment ``m`` is kept in
-the param's coordinates;
-the gradient and ``m`` are rotated into the eigenbasis
-(``G' = G x_1 Q_1^T ... x_k Q_k^T``), the second moment ``v`` is kept there,
-and the Adam step ``m'_hat / (sqrt(v_hat) + eps)`` is rotated back. This is
-Algorithm 3 of Vyas et al. with an eigendecomposition at each refresh in
-place of their one step of power iteration. Params of rank < 2 take Adam
-steps. On Auto mesh axes a refresh all-gathers the statistics; on Explicit
-axes each device decomposes its own blocks (see _matrix_roots).
+the param's coordinates; the gradient and ``m`` are rotated into the
+eigenbasis (``G' = G x_1 Q_1^T ... x_k Q_k^T``), the second moment ``v`` is
+kept there, and the Adam step ``m'_hat / (sqrt(v_hat) + eps)`` is rotated
+back. This is Algorithm 3 of Vyas et al.: the first refresh decomposes the
+statistics (``eigh``); later ones sort the last basis by its estimated
+eigenvalues ``diag(Q^T L Q)`` (descending, ``v`` permuted with it) and take
+one step of power iteration and a QR decomposition from it. That keeps each
+eigenvector near the last one where eigenvalues are close: an ``eigh`` at
+every refresh picks such eigenvectors anew from rounding, and ``v``, kept in
+the last basis, then scales the wrong directions. Params of rank < 2 take
+Adam steps.
 """
 
 from typing import Any
@@ -23,6 +26,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from shardopt._src import base
 from shardopt._src import numerics
@@ -31,6 +35,8 @@ from shardopt._src.transforms import weight_decay as weight_decay_lib
 from shardopt._src.wrappers import combine
 from shardopt.contrib import _blocking as blocking
 from shardopt.contrib import _matrix_roots as roots
+from shardopt.contrib._blockwise import blockwise
+from shardopt.contrib._shampoo import DEFAULT_BLOCK_SIZE
 
 __all__ = ["SoapState", "scale_by_soap", "soap"]
 
@@ -52,9 +58,60 @@ def _rotate(blocks, bases, back: bool = False):
   return blocks
 
 
+def _padding_last(stat, shape, block, dim):
+  """``stat`` with ``-(trace + tiny)`` on the diagonal at the padding of
+  dimension ``dim``: below every eigenvalue of the rest (>= 0), so the
+  padding's eigenvectors are unit vectors, sorted last in descending order,
+  and the real ones those of the unpadded block."""
+  pad = blocking.padding(shape, block, dim)
+  if pad is None:
+    return stat
+  k = len(shape)
+  diagonal = pad[:, :, None] * np.eye(block[dim], dtype=bool)  # (n, b, b)
+  diagonal = diagonal.reshape([pad.shape[0] if i == dim else 1 for i in range(k)]
+                              + [block[dim]] * 2)
+  trace = jnp.trace(stat, axis1=-2, axis2=-1)[..., None, None]
+  return stat - diagonal * (trace + jnp.finfo(stat.dtype).tiny)
+
+
+def _refresh(stats, bases, nu, first):
+  """New eigenbases, descending, and ``nu`` in their order (``first``: by
+  ``eigh``; later: the old basis sorted by ``diag(Q^T L Q)`` and ``nu`` with
+  it, then one power-iteration step and QR, as Vyas et al.)."""
+  nu_blocks = blocking.to_blocks(nu, tuple(s.shape[-1] for s in stats))
+  new = []
+  for i, (stat, basis) in enumerate(zip(stats, bases)):
+    def by_eigh(nu_blocks, stat=stat):
+      return jnp.flip(roots.eigenbasis(stat), -1), nu_blocks
+
+    def by_power_step(nu_blocks, stat=stat, basis=basis, i=i):
+      basis, order = blockwise(_power_step, stat.ndim - 2, stat, basis)
+      return basis, blocking.apply_along(order, nu_blocks, i, transpose=True)
+
+    basis, nu_blocks = jax.lax.cond(first, by_eigh, by_power_step, nu_blocks)
+    new.append(basis)
+  return tuple(new), blocking.from_blocks(nu_blocks, nu)
+
+
+def _power_step(stat, basis):
+  """For one block: (QR of ``L Q S``, ``S``), ``S`` sorting ``Q``'s columns
+  by ``diag(Q^T L Q)``, descending (ties by index)."""
+  order = _descending(jnp.sum(basis * (stat @ basis), axis=0))
+  return roots.orthonormal(stat @ (basis @ order)), order
+
+
+def _descending(values):
+  """The permutation matrix ``S`` (``S[j, r] = 1`` where ``values[j]`` has
+  rank ``r``, ties by index) that sorts columns descending: ``X S``."""
+  j = jnp.arange(values.shape[0])
+  above = values[None, :] > values[:, None]  # [j, l]: v_l > v_j
+  tied = (values[None, :] == values[:, None]) & (j[None, :] < j[:, None])
+  rank = jnp.sum(above | tied, axis=1)
+  return (rank[:, None] == j).astype(values.dtype)
+
+
 def scale_by_soap(
-    block_size: int = 128,
-    max_shards: int | None = None,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     b1: float = 0.95,
     b2: float = 0.95,
     eps: float = 1e-8,
@@ -65,12 +122,12 @@ def scale_by_soap(
   """Rescales updates by Adam run in the eigenbasis of Shampoo's statistics.
 
   Args:
-    block_size: the longest block along any dimension. Blocks must tile
-      the param's shards (``init`` raises, naming the param, when not).
-    max_shards: the most devices any dimension is split over (None: all
-      devices). Each dimension ``d`` is cut into a multiple of
-      ``gcd(d, max_shards)`` blocks, so blocks tile every even split of it
-      (see ``block_layout``).
+    block_size: the longest block along any dimension: a dimension of length
+      ``d`` is cut into ``ceil(d / block_size)`` equal blocks (the last one
+      zero-padded where they do not divide ``d``; ``block_layout`` states
+      the layout), whatever the mesh. Where it divides the length of a
+      dimension's shards, the sharded step adds no collective to the
+      gradient's. Default 128, as ``scale_by_shampoo``'s (see there).
     b1: decay of the first moment.
     b2: decay of the second moment.
     eps: added to the square root of the bias-corrected second moment.
@@ -93,42 +150,47 @@ def scale_by_soap(
         f"{start_preconditioning_step} must all be positive integers.")
   beta = b2 if shampoo_beta is None else shampoo_beta
 
-  def init_param(path, p):
+  def init_param(p):
     zeros = jnp.zeros_like(p)
     if not blocking.is_blocked(p.shape):
       return zeros, zeros, (), ()
-    block = blocking.block_sizes(p.shape, block_size, max_shards)
-    blocking.check_aligned(jax.tree_util.keystr(path), p, block)
-    blocks = blocking.to_blocks(p, block)
+    blocks = blocking.to_blocks(p, blocking.block_sizes(p.shape, block_size))
     stats = tuple(jnp.zeros_like(blocking.gram(blocks, i))
                   for i in range(p.ndim))
     return zeros, zeros, stats, tuple(blocking.eye_like(s) for s in stats)
 
   def init_fn(params):
-    per_param = jax.tree_util.tree_map_with_path(init_param, params)
+    per_param = jax.tree.map(init_param, params)
     return SoapState(jnp.zeros([], jnp.int32),
                      *blocking.unzip(params, per_param, 4))
 
   def update_param(g, mu, nu, stats, bases, count):
     mu = b1 * mu + (1.0 - b1) * g
-    corrected_mu = mu / (1.0 - b1 ** count.astype(g.dtype))
-    bias_nu = 1.0 - b2 ** count.astype(g.dtype)
+    # Debiasing multiplies by reciprocals: XLA rewrites a division by a
+    # scalar so in some programs and not others (1 ulp apart).
+    corrected_mu = mu * (1 / (1 - b1 ** count)).astype(g.dtype)
+    debias_nu = (1 / (1 - b2 ** count)).astype(g.dtype)
     if not blocking.is_blocked(g.shape):
       nu = b2 * nu + (1.0 - b2) * numerics.abs_sq(g)
-      return corrected_mu / (jnp.sqrt(nu / bias_nu) + eps), mu, nu, stats, bases
+      return corrected_mu / (jnp.sqrt(nu * debias_nu) + eps), mu, nu, stats, bases
     block = tuple(s.shape[-1] for s in stats)
     blocks = blocking.to_blocks(g, block)
     rotated = _rotate(blocks, bases)
     nu = b2 * nu + (1.0 - b2) * blocking.from_blocks(rotated * rotated, g)
     step = (_rotate(blocking.to_blocks(corrected_mu, block), bases)
-            / (jnp.sqrt(blocking.to_blocks(nu, block) / bias_nu) + eps))
+            / (jnp.sqrt(blocking.to_blocks(nu, block) * debias_nu) + eps))
+    mask = blocking.real_mask(g.shape, block)
+    if mask is not None:  # padding's eigenvectors come last: drop them
+      step = jnp.where(mask, step, 0.0)
     direction = blocking.from_blocks(_rotate(step, bases, back=True), g)
     stats = tuple(beta * s + (1.0 - beta) * blocking.gram(blocks, i)
                   for i, s in enumerate(stats))
-    bases = jax.lax.cond(
+    marked = tuple(_padding_last(s, g.shape, block, i) for i, s in enumerate(stats))
+    bases, nu = jax.lax.cond(
         blocking.refresh_due(count, start_preconditioning_step,
                              precondition_frequency),
-        lambda: tuple(roots.eigenbasis(s) for s in stats), lambda: bases)
+        lambda: _refresh(marked, bases, nu, count == start_preconditioning_step),
+        lambda: (bases, nu))
     return direction, mu, nu, stats, bases
 
   def update_fn(updates, state, params=None):
@@ -145,8 +207,7 @@ def scale_by_soap(
 
 def soap(
     learning_rate: base.ScalarOrSchedule,
-    block_size: int = 128,
-    max_shards: int | None = None,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     b1: float = 0.95,
     b2: float = 0.95,
     eps: float = 1e-8,
@@ -162,9 +223,8 @@ def soap(
 
   Args:
     learning_rate: a scalar or a schedule of the step count.
-    block_size: the longest block along any dimension (see
+    block_size: the longest block along any dimension, default 128 (see
       ``scale_by_soap``).
-    max_shards: the most devices any dimension is split over (None: all).
     b1: decay of the first moment.
     b2: decay of the second moment.
     eps: added to the square root of the bias-corrected second moment.
@@ -182,7 +242,7 @@ def soap(
     (https://arxiv.org/abs/2409.11321).
   """
   return combine.chain(
-      scale_by_soap(block_size, max_shards, b1, b2, eps, shampoo_beta,
+      scale_by_soap(block_size, b1, b2, eps, shampoo_beta,
                     precondition_frequency, start_preconditioning_step),
       weight_decay_lib.add_decayed_weights(weight_decay),
       scaling.scale_by_learning_rate(learning_rate))
