@@ -154,8 +154,9 @@ def test_state_bytes_per_device_near_ideal():
 def test_explicit_mesh_with_params_replicated_over_data(name, zero):
   """Explicit (2, 4) axes, a matrix split over 'model' only (replicated over
   'data'), with and without ZeRO over 'data': two steps (a refresh at each)
-  equal to the unsharded ones. The block grid is split on one of its dims
-  only, and ZeRO splits the grafting state further than the gradient."""
+  equal to the unsharded ones. The block grid (2 x 4 blocks of 32) is split
+  on one of its dims only, and ZeRO splits the grafting state and the
+  statistics' other grid dim further than the gradient."""
   mesh = jax.make_mesh((2, 4), ("data", "model"),
                        axis_types=(jax.sharding.AxisType.Explicit,) * 2)
   P = jax.sharding.PartitionSpec
@@ -165,7 +166,7 @@ def test_explicit_mesh_with_params_replicated_over_data(name, zero):
   params = {"w": jax.random.normal(keys[0], (64, 128)),
             "b": jax.random.normal(keys[1], (128,))}
   grads = [{"w": jax.random.normal(k, (64, 128)), "b": jnp.ones(128)} for k in keys[2:]]
-  tx = getattr(shardopt.contrib, name)(0.01, precondition_frequency=1)
+  tx = getattr(shardopt.contrib, name)(0.01, block_size=32, precondition_frequency=1)
   opt = shardopt.make_sharded_optimizer(tx, params, shardings, shard_state_over=zero)
   placed = jax.device_put(jax.tree.map(jnp.copy, params), shardings)
   state, plain_params, plain_state = opt.init(placed), params, tx.init(params)

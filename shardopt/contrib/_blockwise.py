@@ -59,6 +59,7 @@ def blockwise(fn: Callable, k: int, *operands: jax.Array):
     local = lambda x: P(*spec[:k], *([None] * (x.ndim - k)))
     out = jax.eval_shape(fn, *[jax.ShapeDtypeStruct(x.shape, x.dtype)
                                for x in operands])  # ranks only
+    operands = [jax.sharding.reshard(x, NamedSharding(mesh, local(x))) for x in operands]
     return jax.shard_map(fn, mesh=mesh, in_specs=tuple(map(local, operands)),
                          out_specs=jax.tree.map(local, out))(*operands)
   return _partitioned(fn, k, *operands)
