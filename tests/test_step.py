@@ -157,3 +157,27 @@ def test_extra_args_reach_the_update_arrays_traced_and_callables_static():
                              value=jnp.float32(2.0), value_fn=halve)
   for got, want in zip(jax.tree.leaves(new_params), jax.tree.leaves(expected)):
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_acprop_on_explicit_axes_stays_on_the_unsharded_path():
+  """contrib.acprop on an Explicit (2, 4) mesh, 12 steps: within 1e-6 of
+  the unsharded step (its belief statistic once drifted 8.5e-4 away when
+  the update saw the gradients in another layout than its state)."""
+  param_shardings = partitioning.named_shardings(
+      partitioning.make_mesh({"data": 2, "model": 4}, axis_types="explicit"),
+      SPECS)
+  tx = shardopt.contrib.acprop(0.1)
+  want = got = real_params()
+  opt = shardopt.make_sharded_optimizer(tx, got, param_shardings, donate=False)
+  update = jax.jit(tx.update)
+  with jax.sharding.set_mesh(jax.tree.leaves(param_shardings)[0].mesh):
+    got = jax.device_put(got, param_shardings)
+    state, want_state = opt.init(got), tx.init(want)
+    for step in range(12):
+      got, state = opt.update(jax.device_put(grads_at(got, step), param_shardings),
+                              state, got)
+      updates, want_state = update(grads_at(want, step), want_state, want)
+      want = shardopt.apply_updates(want, updates)
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    scale = float(np.max(np.abs(np.asarray(w))))
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-6 * scale)

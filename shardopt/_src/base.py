@@ -154,11 +154,16 @@ def init_empty_state(params: Params) -> EmptyState:
   return EmptyState()
 
 
+# optax's class of the same contract (optax is not imported at run time).
+_FOREIGN_EXTRA_ARGS = "optax._src.base.GradientTransformationExtraArgs"
+
+
 def supports_extra_args(tx: Any) -> bool:
-  """Whether ``tx.update`` accepts extra keyword arguments."""
-  return isinstance(tx, GradientTransformationExtraArgs) or (
-      type(tx).__name__ == "GradientTransformationExtraArgs"
-  )
+  """Whether ``tx.update`` accepts extra keyword arguments: shardopt's
+  ``GradientTransformationExtraArgs`` or optax's (by its module and class)."""
+  cls = type(tx)
+  return (isinstance(tx, GradientTransformationExtraArgs)
+          or f"{cls.__module__}.{cls.__qualname__}" == _FOREIGN_EXTRA_ARGS)
 
 
 def with_extra_args_support(

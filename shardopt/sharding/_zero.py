@@ -50,6 +50,7 @@ class ParamZero(NamedTuple):
 
   dim: int | None  # the param dimension split over the axis, if any
   reason: str  # "dim k", possibly with a note, or "not sharded: <why>"
+  own_layout: bool = False  # the param itself is split over the axis (FSDP)
 
 
 def param_zero(shape, dtype, spec, axis: str, size: int,
@@ -66,7 +67,7 @@ def param_zero(shape, dtype, spec, axis: str, size: int,
   """
   for dim, entry in enumerate(spec):
     if axis in spec_axes((entry,)):
-      return ParamZero(dim, f"dim {dim} (the param's own layout)")
+      return ParamZero(dim, f"dim {dim} (the param's own layout)", True)
   if not shape:
     return ParamZero(None, "not sharded: scalar param")
   nbytes = math.prod(shape) * getattr(dtype, "itemsize", 0)
@@ -102,7 +103,8 @@ def leaf_zero(shape, dtype, spec, param_shape, zero: ParamZero | None,
     return "not sharded: scalar", None
   for dim, entry in enumerate(spec):
     if axis in spec_axes((entry,)):
-      return f"dim {dim}", None
+      own = zero is not None and zero.own_layout
+      return f"dim {dim}" + (" (the param's own layout)" if own else ""), None
   if zero is None:
     nbytes = math.prod(shape) * getattr(dtype, "itemsize", 0)
     if nbytes < min_shard_bytes:
