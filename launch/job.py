@@ -109,7 +109,19 @@ def _layout(args, mesh, model, tx):
   return rules, specs, abstract, opt
 
 
-def _describe(args, mesh, rules, specs, abstract, state) -> None:
+def _quantized_lines(args, opt, abstract) -> list[str]:
+  """With --state-bits: how many moments are quantized, and every float leaf
+  kept as it is, with why."""
+  if not args.state_bits:
+    return []
+  report = shardopt.describe_quantized_state(opt.tx, abstract, opt.update_shardings)
+  quantized = len(report.leaves) - len(report.kept)
+  return ([f"{args.state_bits}-bit optimizer state: {quantized} moments quantized,"
+           f" {len(report.kept)} float leaves kept:"]
+          + [f"  {l.path} {l.shape}: {l.reason}" for l in report.kept] + [""])
+
+
+def _describe(args, mesh, rules, specs, abstract, state, opt) -> None:
   plan = partitioning.memory_plan(abstract, state, num_devices=mesh.size)
   _say(f"processes: {jax.process_count()}  devices: {jax.device_count()}"
        f" ({jax.local_device_count()} local, {jax.devices()[0].platform})",
@@ -119,7 +131,7 @@ def _describe(args, mesh, rules, specs, abstract, state) -> None:
        f"  schedule: {args.schedule}  ZeRO: {args.zero}",
        "", f"partition rules (preset {args.rules!r}):",
        partitioning.rule_table(rules, abstract, specs),
-       "", "per-device memory plan:", plan.table(), "")
+       "", "per-device memory plan:", plan.table(), "", *_quantized_lines(args, opt, abstract))
 
 
 def _initial_state(args, model, abstract, opt, abstract_state, manager, resumed, config):
@@ -274,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
   with as_usage_error(f"--mesh {args.mesh} --rules {args.rules} and the model sizes"):
     rules, specs, abstract, opt = _layout(args, mesh, model, tx)
   abstract_state = partitioning.abstract_params(
-      jax.eval_shape(opt.tx.init, abstract), opt.state_shardings)
+      jax.eval_shape(opt.init, abstract), opt.state_shardings)
   evaluation = _HeldOut(args, mesh, model, opt.param_shardings,
                         data.split(data.load_corpus())[1])
   resumed, note = run_folder.prepare(args, is_main=jax.process_index() == 0)
@@ -284,7 +296,7 @@ def run(args: argparse.Namespace) -> int:
   config = run_config.config_of(args, jax.process_count(), jax.device_count())
   guard = NonFiniteGuard(args.skip_nonfinite, hint="Lower --lr or --clip-norm, or pass"
                          " --skip-nonfinite to skip such steps.")
-  _describe(args, mesh, rules, specs, abstract, abstract_state)
+  _describe(args, mesh, rules, specs, abstract, abstract_state, opt)
   manager = _open_manager(args)
   try:
     params, opt_state, start, set_aside = _initial_state(
