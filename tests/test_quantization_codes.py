@@ -22,12 +22,16 @@ BOOKS = [(8, True, "dynamic"), (8, False, "dynamic"), (4, True, "dynamic"),
          (4, True, "companded")]
 
 
-def _encode(book, x):
-  return jax.jit(lambda v: codes.encode(v, book))(jnp.asarray(x))
+def _encode(book, entries):
+  """Indices of values in units of a scale of 1, given as what the entries
+  are of (for a root book, roots)."""
+  x = np.square(entries) if book.root else entries
+  return jax.jit(lambda v: codes.encode(v, 1.0, book))(jnp.asarray(x))
 
 
 def _decode(book, index):
-  return np.asarray(jax.jit(lambda i: codes.decode(i, book))(index))
+  """The entries at ``index`` (for a root book, the roots of the values)."""
+  return _coded(book, np.asarray(jax.jit(lambda i: codes.decode(i, 1.0, book))(index)))
 
 
 def _round_trip(book, bits, tile, x):
@@ -109,10 +113,12 @@ def test_every_entry_encodes_to_itself(bits, signed, code):
 @pytest.mark.parametrize("bits,code", [(8, "dynamic"), (8, "companded"), (4, "dynamic")])
 def test_unsigned_codes_never_round_a_positive_value_to_zero(bits, code):
   book = codes.code_book(bits, False, code)
-  x = np.asarray([0.0, 1e-30, 1e-9, 1e-3, -0.5], np.float32)
-  got = _decode(book, _encode(book, x))
+  x = jnp.asarray([0.0, 1e-30, 1e-9, 1e-3, -0.5], jnp.float32)
+  got = np.asarray(jax.jit(lambda v: codes.decode(codes.encode(v, 1.0, book),
+                                                  1.0, book))(x))
   assert np.all(got[1:4] > 0)
-  assert got[0] == got[4] == book.values[0]  # 0, or the zero-free first entry
+  first = book.values[0] ** (2 if book.root else 1)  # 0, or zero-free's first
+  assert got[0] == got[4] == first
 
 
 def test_pack_puts_two_indices_per_byte():
@@ -166,10 +172,11 @@ def test_block_round_trip_error_is_bounded_per_block(bits, signed, code):
   q, got = _round_trip(book, bits, (1, 32), x)
   assert q.codes.dtype == jnp.uint8
   assert q.codes.shape == ((8, 64) if bits == 8 else (8, 32))
-  x, got = _coded(book, x), _coded(book, got)
   absmax = np.abs(x).reshape(8, 2, 32).max(axis=2)
   np.testing.assert_array_equal(np.asarray(q.scales), absmax)
-  bound = absmax * MAX_ERROR[book.name] * (1 + 1e-5)
+  # The error bound holds for what the codes represent (a root book: roots).
+  x, got = _coded(book, x), _coded(book, got)
+  bound = _coded(book, absmax) * MAX_ERROR[book.name] * (1 + 1e-5)
   error = np.abs(got - x).reshape(8, 2, 32).max(axis=2)
   assert np.all(error <= bound)
   # The absmax element of each block is stored exactly (its root, up to the
@@ -213,20 +220,21 @@ def test_a_non_finite_value_stays_in_its_element(bits, signed, code):
   zeroed[0, 3] = zeroed[1, 5] = zeroed[2, 7] = 0.0
   _, clean = _round_trip(book, bits, (1, 16), zeroed)  # as if absent
   q, got = _round_trip(book, bits, (1, 16), bad)
-  x, got, clean = _coded(book, x), _coded(book, got), _coded(book, clean)
   scales = np.asarray(q.scales)[:, 0]
   assert np.all(np.isfinite(scales)) and np.all(np.isfinite(got))
+  assert got[1, 5] == scales[1]  # inf saturates to the block's scale
+  # -inf to -scale; an unsigned book stores it as its smallest entry.
+  smallest = book.values[0] ** (2 if book.root else 1)
+  assert got[2, 7] == (-scales[2] if signed else smallest * scales[2])
+  nearest_zero = book.values[np.abs(book.values).argmin()]
+  assert got[0, 3] == nearest_zero ** (2 if book.root else 1) * scales[0]  # nan
   for row, skip in ((0, 3), (1, 5), (2, 7)):
     keep = np.arange(16) != skip
     assert scales[row] == np.abs(x[row, keep]).max()  # the finite absmax
     np.testing.assert_array_equal(got[row, keep], clean[row, keep])
-    bound = scales[row] * MAX_ERROR[book.name] * (1 + 1e-5)
-    assert np.all(np.abs(got[row, keep] - x[row, keep]) <= bound)
-  assert got[1, 5] == scales[1]  # inf saturates to the block's scale
-  # -inf to -scale; an unsigned book stores it as its smallest entry.
-  assert got[2, 7] == (-scales[2] if signed else book.values[0] * scales[2])
-  nearest_zero = book.values[np.abs(book.values).argmin()]
-  assert got[0, 3] == nearest_zero * scales[0]  # nan: the code nearest 0
+    bound = _coded(book, scales[row]) * MAX_ERROR[book.name] * (1 + 1e-5)
+    assert np.all(np.abs(_coded(book, got[row, keep]) - _coded(book, x[row, keep]))
+                  <= bound)
 
 
 def test_four_bit_second_moments_store_the_root_by_hand():

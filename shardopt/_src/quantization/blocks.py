@@ -15,7 +15,7 @@ mesh whose shards cut tiles XLA moves the data it needs; nothing changes).
 
 Each block stores one ``float32`` scale, the largest finite ``|x|`` of the
 block (block-wise absmax, Dettmers et al. 2021), and one code per element
-(for a ``root`` code book, of ``sqrt(x)``: scale and codes are of the root).
+of ``x / scale`` (for a ``root`` code book, of ``sqrt(x / scale)``).
 Non-finite values never reach a scale: ``+-inf`` saturate to ``+-scale``
 and ``nan`` takes the code nearest to zero, so one bad value leaves the rest
 of its block as it was.
@@ -90,8 +90,9 @@ class _Layout(NamedTuple):
   """A leaf seen as blocks: each dimension ``d`` split into its outer part
   ``shape[d] / tile[d]`` and its inner part ``tile[d]``, parts of length 1
   left out (size-1 axes made XLA:CPU copy between layouts inside every
-  fused loop: 1.6x the kernel time of a quantized Adam update). Reducing ``inner`` (keeping the axes)
-  gives one value per block, of shape ``scale_parts``."""
+  fused loop: 1.6x the kernel time of a quantized Adam update). Reducing
+  ``inner`` (keeping the axes) gives one value per block, of shape
+  ``scale_parts``."""
 
   parts: tuple[tuple[int, ...], ...]  # per dimension: (outer, inner) or one
   scale_parts: tuple[tuple[int, ...], ...]  # ``parts``, inner lengths 1
@@ -143,14 +144,12 @@ def quantize(x: jax.Array, tile, book: codes.CodeBook, bits: int) -> BlockCodes:
   """``x`` as codes of ``book`` and a per-block absmax scale."""
   layout = _layout(x.shape, tile)
   blocks = _split(x.astype(jnp.float32), layout.parts)
-  if book.root:
-    blocks = jnp.sqrt(jnp.maximum(blocks, 0.0))
-  magnitude = jnp.abs(blocks)
+  magnitude = jnp.abs(blocks) if book.signed else jnp.maximum(blocks, 0.0)
   scales = jnp.max(jnp.where(magnitude < jnp.inf, magnitude, 0.0),
                    axis=layout.inner, keepdims=True)
-  normalized = blocks / jnp.where(scales > 0, scales, 1.0)
-  normalized = jnp.where(jnp.isnan(normalized), 0.0, normalized)  # +-inf: +-1
-  index = codes.encode(jnp.clip(normalized, -1.0, 1.0), book)
+  # +-inf saturate to +-scale; nan stays nan (the code nearest 0).
+  clipped = jnp.clip(blocks, -scales if book.signed else 0.0, scales)
+  index = codes.encode(clipped, scales, book)
   if bits == 4:  # pairs within a block: entries k and k + t/2 of its tile
     index = codes.pack(index, layout.pair)
     layout = _layout(_packed_shape(x.shape, tile), tile, packed=True)
@@ -173,7 +172,5 @@ def dequantize(q: BlockCodes, tile, book: codes.CodeBook, bits: int,
     index = codes.unpack(_split(q.codes, packed.parts), layout.pair)
   else:
     index = _split(q.codes, layout.parts)
-  values = codes.decode(index, book) * _split(q.scales, layout.scale_parts)
-  if book.root:
-    values = values * values
+  values = codes.decode(index, _split(q.scales, layout.scale_parts), book)
   return _merge(values, layout.parts).astype(dtype)

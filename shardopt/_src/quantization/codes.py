@@ -19,11 +19,12 @@ per element.
   the nearest entry in ``y``: in ``x`` one of the two entries around the
   value, not always the nearer (``max_error`` bounds the distance).
 * Linear zero-free code of the root, for non-negative leaves (second
-  moments): ``sqrt(v)`` over its block's largest, stored as
-  ``(j + 1) / 2**bits`` (Li et al. 2023 at 4 bits). No positive value
-  rounds to zero, so ``1 / sqrt(v)`` cannot blow up; steps of the root span
-  a ``4**bits``-fold range of ``v`` (16 steps of ``v`` itself would flatten
-  every value under 1/32 of its block's largest to 1/16 of it).
+  moments): ``sqrt(v / scale)``, the root of ``v`` over its block's
+  largest, stored as ``(j + 1) / 2**bits`` (Li et al. 2023 at 4 bits). No
+  positive value rounds to zero, so ``1 / sqrt(v)`` cannot blow up; steps
+  of the root span a ``4**bits``-fold range of ``v`` (16 steps of ``v``
+  itself would flatten every value under 1/32 of its block's largest to
+  1/16 of it).
 
 ``code="dynamic"`` (Dettmers et al. 2021): ``levels = bits - signed``
 decades; level ``i`` holds ``2**i`` evenly spaced magnitudes
@@ -38,7 +39,7 @@ et al.): only an exact zero gets the zero code.
 
 ``max_error(book)``: the largest distance from a value in ``[-1, 1]``
 (signed) or ``[0, 1]`` to the entry it is stored as, in units of the
-block's scale (for a root book, of the root).
+block's scale (for a root book: of roots, in units of the scale's root).
 """
 
 import functools
@@ -69,8 +70,8 @@ class CodeBook(NamedTuple):
   bits: int
   signed: bool
   kind: str  # "companded", "dynamic" or "linear" (zero-free)
-  values: np.ndarray  # float32, ascending: decode(0), decode(1), ...
-  root: bool = False  # codes the square root of the value (see blocks.py)
+  values: np.ndarray  # float32, ascending: the entries of indices 0, 1, ...
+  root: bool = False  # the entries are of sqrt(x / scale)
 
   @property
   def levels(self) -> int:
@@ -112,7 +113,7 @@ def code_book(bits: int, signed: bool, code: str = "dynamic") -> CodeBook:
   book = CodeBook(name, bits, signed, kind, np.zeros(0), root)
   size = {"companded": 2 * book.levels + 1, "linear": book.levels,
           "dynamic": 2 ** bits - 1 if signed else 2 ** bits}[kind]
-  values = decode(np.arange(size, dtype=np.uint8), book, xp=np)
+  values = _entries(np.arange(size, dtype=np.uint8), book, np)
   return book._replace(values=values)
 
 
@@ -186,23 +187,41 @@ def _encode_dynamic(normalized, book: CodeBook):
   return (book.zero_index + offset).astype(jnp.uint8)
 
 
-def encode(normalized, book: CodeBook):
-  """The index (``uint8``) each value is stored as.
+def encode(x, scale, book: CodeBook):
+  """The index (``uint8``) each value of ``x`` is stored as, in units of
+  ``scale`` (broadcast against ``x``): the nearest entry to ``x / scale``
+  (companded: nearest in the compander; a root book: to ``sqrt(x / scale)``).
 
-  ``normalized`` must be finite and within ``[-1, 1]``; an unsigned book
-  takes negative values as 0.
+  ``x`` must lie within ``[-scale, scale]`` (unsigned books: ``[0, scale]``)
+  or be nan, stored as the code nearest 0, as is ``x = 0`` where
+  ``scale = 0``. Each code divides once, by a denominator that depends on
+  ``x`` (by ``scale`` alone XLA would hoist a reciprocal per block into a
+  loop of its own), and uses the quotient once (XLA does not fuse a division
+  into a loop that reads it twice).
   """
-  if book.kind == "companded":
-    steps = np.float32(2 * book.levels)  # 2x / (1 + |x|), times L
-    y = normalized * steps / (1 + jnp.abs(normalized))
+  x = jnp.where(jnp.isnan(x), 0.0, x)
+  magnitude = jnp.abs(x)
+  if book.kind == "companded":  # 2n / (1 + |n|) L steps, n = x / scale
+    y = x * np.float32(2 * book.levels) / jnp.where(
+        scale > 0, scale + magnitude, 1.0)
     return (jnp.round(y) + book.levels).astype(jnp.uint8)
+  normalized = x / jnp.where(scale > 0, jnp.maximum(scale, magnitude), 1.0)
   if book.kind == "linear":
-    index = jnp.clip(jnp.round(normalized * book.levels) - 1, 0, book.levels - 1)
-    return index.astype(jnp.uint8)
+    if book.root:
+      normalized = jnp.sqrt(normalized)
+    index = jnp.round(normalized * book.levels) - 1
+    return jnp.clip(index, 0, book.levels - 1).astype(jnp.uint8)
   return _encode_dynamic(normalized, book)
 
 
-def decode(index, book: CodeBook, xp=jnp):
+def decode(index, scale, book: CodeBook):
+  """The ``float32`` values that ``index`` stores in units of ``scale``:
+  ``entry * scale`` (a root book: ``entry**2 * scale``)."""
+  entry = _entries(index, book, jnp)
+  return (entry * entry if book.root else entry) * scale
+
+
+def _entries(index, book: CodeBook, xp):
   """The ``float32`` entries of ``book`` at ``index`` (``xp``: jax.numpy, or
   numpy to build the table)."""
   # Constant divisors as multiplications by their float32 reciprocals (XLA
