@@ -10,6 +10,7 @@ checksum is written at save time and checked on restore: damaged steps raise
 from checkpoints.errors import BarrierTimeoutError  # noqa: F401
 from checkpoints.errors import CheckpointDirectoryError  # noqa: F401
 from checkpoints.errors import CheckpointError  # noqa: F401
+from checkpoints.errors import CheckpointWriteError  # noqa: F401
 from checkpoints.errors import CorruptCheckpointError  # noqa: F401
 from checkpoints.errors import NoCheckpointError  # noqa: F401
 from checkpoints.errors import StructureMismatchError  # noqa: F401

@@ -4,6 +4,7 @@ __all__ = [
     "BarrierTimeoutError",
     "CheckpointDirectoryError",
     "CheckpointError",
+    "CheckpointWriteError",
     "CorruptCheckpointError",
     "NoCheckpointError",
     "StructureMismatchError",
@@ -26,20 +27,51 @@ class CorruptCheckpointError(CheckpointError):
     step: the damaged step (None if unknown).
     leaves: names of the damaged leaves (e.g. ``("params.dense.kernel",)``); empty when the damage
       is not tied to a leaf (a missing or undecodable item file).
+    missing: files of the step were not found (on a filesystem that lags they may yet appear),
+      rather than found damaged.
   """
 
-  def __init__(self, message: str, *, step: int | None = None, leaves: tuple[str, ...] = ()):
+  def __init__(self, message: str, *, step: int | None = None, leaves: tuple[str, ...] = (),
+               missing: bool = False):
     super().__init__(message)
     self.step = step
     self.leaves = tuple(leaves)
+    self.missing = missing
 
 
 class NoCheckpointError(CheckpointError, FileNotFoundError):
-  """No (valid) checkpoint exists where one was asked for."""
+  """No (valid) checkpoint exists where one was asked for.
+
+  Attributes:
+    skipped: from ``restore_latest_valid``, every step it tried and why it failed
+      (``SkippedStep``s, newest first); empty when there was no step at all.
+  """
+
+  def __init__(self, message: str, *, skipped: tuple = ()):
+    super().__init__(message)
+    self.skipped = tuple(skipped)
 
 
 class CheckpointDirectoryError(CheckpointError, OSError):
   """The checkpoint directory is a file, or cannot be created or written."""
+
+
+class CheckpointWriteError(CheckpointError, OSError):
+  """A step could not be written: the disk is full, permission was lost, or the filesystem went
+  away. The step is not finalized (a later manager removes its temporary folder); the steps
+  before it are intact.
+
+  Attributes:
+    step: the step being written.
+    path: the file or folder that could not be written (None if unknown).
+    reason: what the storage said, e.g. "No space left on device".
+    newest: the newest finalized step (None if there is none).
+  """
+
+  def __init__(self, message: str, *, step: int | None, path: str | None, reason: str,
+               newest: int | None):
+    super().__init__(message)
+    self.step, self.path, self.reason, self.newest = step, path, reason, newest
 
 
 class BarrierTimeoutError(CheckpointError, TimeoutError):

@@ -11,7 +11,9 @@ propagates, so nothing silently rolls back to an older step.
 """
 
 from collections.abc import Iterator
+import errno
 import json
+import os
 import re
 from typing import NoReturn
 
@@ -20,7 +22,8 @@ import numpy as np
 
 from checkpoints.errors import CorruptCheckpointError
 
-__all__ = ["agree_across_processes", "is_corruption", "leaf_of", "permission_denied", "raise_for", "summary"]
+__all__ = ["agree_across_processes", "is_corruption", "is_missing", "leaf_of", "permission_denied", "raise_for",
+           "summary", "write_failure"]
 
 _FALL_BACK = "restore_latest_valid() falls back to the newest intact step."
 
@@ -29,6 +32,9 @@ _MISSING_ITEM = "was not found in the checkpoint"  # Orbax: an item folder of th
 _STATUS = re.compile(r"^([A-Z_]+): ")
 _LEAF = re.compile(r'Error (?:reading|opening|decoding) "([^"/]+)/')
 _SPEC = re.compile(r" ?\[tensorstore_spec(\[\d+\])?='.*?'\]", re.DOTALL)
+_WRITE_STATUSES = ("RESOURCE_EXHAUSTED", "PERMISSION_DENIED", "NOT_FOUND", "UNAVAILABLE")
+_WRITTEN_PATH = re.compile(r'(?:Failed writing|Error (?:writing|opening|deleting)(?: local file)?|local file):? "([^"]+)"')
+_OS_ERROR = re.compile(r"\[os_error_code='(\d+)'\]")
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
@@ -63,6 +69,27 @@ def is_corruption(exc: BaseException) -> bool:
   return False
 
 
+def is_missing(exc: BaseException) -> bool:
+  """Whether a failed read means files were not found (rather than found damaged)."""
+  return any(isinstance(e, FileNotFoundError) or (isinstance(e, KeyError) and _MISSING_ITEM in str(e))
+             or _status(e) == "NOT_FOUND" for e in _chain(exc))
+
+
+def write_failure(exc: BaseException) -> tuple[str | None, str] | None:
+  """(path, reason) when a failed write means the storage refused it (disk full, permission
+  lost, filesystem gone: an OSError, or a TensorStore status that says so), else None."""
+  for e in _chain(exc):
+    if isinstance(e, OSError) and e.errno is not None:
+      return e.filename, e.strerror or errno.errorcode.get(e.errno, str(e.errno))
+    status = _status(e)
+    if status in _WRITE_STATUSES:
+      text = str(e)
+      paths, code = _WRITTEN_PATH.findall(text), _OS_ERROR.search(text)
+      reason = os.strerror(int(code.group(1))) if code else status.replace("_", " ").lower()
+      return (paths[-1] if paths else None), reason
+  return None
+
+
 def summary(exc: BaseException, limit: int = 400) -> str:
   """The innermost message of a failure, without TensorStore's spec dumps, at most ``limit`` characters."""
   inner = list(_chain(exc))[-1]
@@ -80,9 +107,11 @@ def leaf_of(exc: BaseException) -> str | None:
   return None
 
 
-def raise_for(e: Exception, step: int, directory, what: str) -> NoReturn:
+def raise_for(e: Exception, step: int, directory, what: str, missing_elsewhere: bool = False) -> NoReturn:
   """Raises for a failed read of ``what`` (e.g. "an array file"): CorruptCheckpointError only for
-  damaged storage, a PermissionError naming the step for a permission failure, else ``e`` itself."""
+  damaged or missing storage (``missing`` when files were not found here or, per
+  ``missing_elsewhere``, by another process), a PermissionError naming the step for a permission
+  failure, else ``e`` itself."""
   if permission_denied(e):
     raise PermissionError(f"Checkpoint step {step} in {directory}: permission denied reading {what} "
                           f"({summary(e)}). Fix the files' permissions; the step was not skipped.") from e
@@ -91,23 +120,26 @@ def raise_for(e: Exception, step: int, directory, what: str) -> NoReturn:
   leaf = leaf_of(e)
   raise CorruptCheckpointError(
       f"Checkpoint step {step} in {directory} is damaged: {what}" + (f" (leaf {leaf!r})" if leaf else "")
-      + f" could not be read ({summary(e)}). {_FALL_BACK}", step=step, leaves=(leaf,) if leaf else ()) from e
+      + f" could not be read ({summary(e)}). {_FALL_BACK}", step=step, leaves=(leaf,) if leaf else (),
+      missing=missing_elsewhere or is_missing(e)) from e
 
 
-def agree_across_processes(failure: Exception | None, step: int, directory) -> None:
+def agree_across_processes(failure: Exception | None, step: int, directory) -> bool:
   """With several processes each reads its own shards: a process whose read succeeded raises too
-  when another's failed, so that all go on, or fall back, together (a collective)."""
+  when another's failed, so that all go on, or fall back, together (a collective). Returns
+  whether any process found files missing (False with one process)."""
   if jax.process_count() == 1:
-    return
+    return False
   from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
-  kind = 0 if failure is None else 1 if is_corruption(failure) else 2
+  kind = 0 if failure is None else (3 if is_missing(failure) else 1) if is_corruption(failure) else 2
   kinds = np.asarray(multihost_utils.process_allgather(np.int32(kind))).reshape(-1)
+  missing = bool((kinds == 3).any())
   if failure is not None or not kinds.any():
-    return
+    return missing
   bad = [int(i) for i in np.flatnonzero(kinds)]
-  if kinds.max() == 1:
+  if kinds.max() != 2:
     raise CorruptCheckpointError(
         f"Checkpoint step {step} in {directory} is damaged: process(es) {bad} could not read their shards "
-        f"(see their errors). {_FALL_BACK}", step=step)
+        f"(see their errors). {_FALL_BACK}", step=step, missing=missing)
   raise RuntimeError(f"Process(es) {bad} failed to read checkpoint step {step} in {directory} for a reason "
                      "other than damage (see their errors); the step was not skipped.")

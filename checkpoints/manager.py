@@ -14,6 +14,7 @@ import json
 import logging
 from typing import Any
 from typing import NamedTuple
+from typing import NoReturn
 
 import jax
 import orbax.checkpoint as ocp
@@ -26,6 +27,7 @@ from checkpoints import retile
 from checkpoints.barrier import barrier
 from checkpoints.directory import checked_directory
 from checkpoints.errors import CheckpointError
+from checkpoints.errors import CheckpointWriteError
 from checkpoints.errors import CorruptCheckpointError
 from checkpoints.errors import NoCheckpointError
 from checkpoints.policy import CheckpointPolicy
@@ -40,10 +42,12 @@ _log = logging.getLogger(__name__)
 
 
 class SkippedStep(NamedTuple):
-  """A step ``restore_latest_valid`` passed over, and why (the CorruptCheckpointError's message)."""
+  """A step ``restore_latest_valid`` passed over, why (the CorruptCheckpointError's message), and
+  whether its files were missing rather than damaged (a filesystem that lags may yet show them)."""
 
   step: int
   reason: str
+  missing: bool = False
 
 
 class Restored(NamedTuple):
@@ -94,6 +98,8 @@ class CheckpointManager:
         item_handlers=self.policy.item_handlers(),
         options=self.policy.manager_options(read_only=read_only),
     )
+    self._writing = None  # the step of the save in flight, until it is known to be finalized
+    self._failed = False  # a CheckpointWriteError was raised: close() only releases
 
   # Listing and lifecycle -------------------------------------------------
 
@@ -110,12 +116,44 @@ class CheckpointManager:
     return self._mngr.should_save(step)
 
   def wait_until_finished(self) -> None:
-    """Blocks until the background save (if any) is finalized; raises its error."""
-    self._mngr.wait_until_finished()
+    """Blocks until the background save (if any) is finalized; raises its error
+    (``CheckpointWriteError`` when the storage refused the write)."""
+    try:
+      self._mngr.wait_until_finished()
+    except Exception as e:  # noqa: BLE001  (classified by _write_failed)
+      self._write_failed(e)
+    self._writing = None
 
   def close(self) -> None:
-    """Finalizes pending saves and deletions and releases orbax's threads."""
-    self._mngr.close()
+    """Finalizes pending saves and deletions and releases orbax's threads. After a
+    ``CheckpointWriteError`` it only releases (the failure was raised once)."""
+    try:
+      self._mngr.close()
+    except Exception as e:  # noqa: BLE001  (classified by _write_failed)
+      if self._failed:
+        _log.warning("Closing after a failed write: %s", failures.summary(e))
+        return
+      self._write_failed(e)
+
+  def _write_failed(self, e: Exception) -> NoReturn:
+    """Raises ``CheckpointWriteError`` naming the step in flight, the path and the newest
+    finalized step when the storage refused a write, else ``e`` itself."""
+    found = failures.write_failure(e)
+    if found is None:
+      raise e
+    path, reason = found
+    self._failed = True
+    try:
+      self._mngr.reload()
+      newest = max((s for s in self._mngr.all_steps() if s != self._writing), default=None)
+    except Exception:  # noqa: BLE001  (the storage may be gone altogether)
+      newest = None
+    intact = (f"the newest complete checkpoint is step {newest}" if newest is not None
+              else "there is no complete checkpoint")
+    raise CheckpointWriteError(
+        f"Checkpoint step {self._writing} could not be written to {path or self.directory}: {reason};"
+        f" {intact} in {self.directory}.", step=self._writing, path=path, reason=reason,
+        newest=newest) from e
 
   def __enter__(self):
     return self
@@ -149,7 +187,15 @@ class CheckpointManager:
         layout=ocp.args.JsonSave(record.make(state, saveable, metadata)),
         metadata=ocp.args.JsonSave(metadata),
     )
-    return self._mngr.save(step, args=args, metrics=metrics, force=force)
+    self.wait_until_finished()  # a failure of the previous save is reported as that step's
+    self._writing = step
+    try:
+      started = self._mngr.save(step, args=args, metrics=metrics, force=force)
+    except Exception as e:  # noqa: BLE001  (classified by _write_failed)
+      self._write_failed(e)
+    if not started:
+      self._writing = None
+    return started
 
   # Restoring ----------------------------------------------------------
 
@@ -197,9 +243,9 @@ class CheckpointManager:
       raise
     except Exception as e:  # noqa: BLE001  (classified by failures.raise_for)
       failure = e
-    failures.agree_across_processes(failure, step, self.directory)
+    missing_elsewhere = failures.agree_across_processes(failure, step, self.directory)
     if failure is not None:
-      failures.raise_for(failure, step, self.directory, "an array file")
+      failures.raise_for(failure, step, self.directory, "an array file", missing_elsewhere)
     if saved.checksums is None:
       _log.warning("Checkpoint step %d in %s was written without checksums: its bytes are not verified.",
                    step, self.directory)
@@ -289,11 +335,13 @@ class CheckpointManager:
       except (CorruptCheckpointError, NoCheckpointError) as e:
         reason = str(e)
         _log.warning("Skipping damaged checkpoint step %d: %s", step, reason.splitlines()[0])
-        skipped.append(SkippedStep(step, reason))
+        missing = not isinstance(e, CorruptCheckpointError) or e.missing  # deleted meanwhile
+        skipped.append(SkippedStep(step, reason, missing))
         continue
       return restored._replace(skipped=tuple(skipped))
     raise NoCheckpointError(f"No readable checkpoint in {self.directory}."
-                            + "".join(f"\n  step {s.step}: {s.reason}" for s in skipped))
+                            + "".join(f"\n  step {s.step}: {s.reason}" for s in skipped),
+                            skipped=skipped)
 
 
 def _reinit_hint(paths: list[str], opt_state_key: str) -> str:

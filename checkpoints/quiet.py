@@ -1,10 +1,12 @@
-"""Keeps Orbax/asyncio noise after a failed read off the user's terminal.
+"""Keeps Orbax/asyncio noise after a failed read or write off the user's terminal.
 
 When a read fails, Orbax closes its event loop while TensorStore still
 completes the other reads: their callbacks print "RuntimeError: Event loop is
 closed" tracebacks from background threads, and never-awaited read coroutines
 print "Exception ignored in" tracebacks when collected, thousands of lines for
-a large state. The error that matters is raised by the restore itself. These
+a large state; when a write fails (a full disk), asyncio reports every other
+write task of the step as "exception was never retrieved". The error that
+matters is raised by the restore or the save itself. These
 hooks (and a filter on the ``asyncio`` and ``concurrent.futures`` loggers)
 send exactly those reports to the ``checkpoints.orbax_noise`` logger at DEBUG
 level and pass everything else on unchanged.
@@ -14,9 +16,12 @@ import logging
 import sys
 import threading
 
+from checkpoints import failures
+
 __all__ = ["install"]
 
 _ABANDONED_READ = "Encountered error while reading array index"
+_NEVER_RETRIEVED = "exception was never retrieved"
 
 _log = logging.getLogger("checkpoints.orbax_noise")
 _installed = False
@@ -28,6 +33,14 @@ def _is_loop_closed(exc: BaseException | None) -> bool:
 
 def _is_noise(exc: BaseException | None) -> bool:
   return _is_loop_closed(exc) or (exc is not None and str(exc).startswith(_ABANDONED_READ))
+
+
+def _is_abandoned_write(record: logging.LogRecord) -> bool:
+  """asyncio's report of a write task whose failure the manager raised already (a full disk:
+  every other write of the step fails too, and their tasks are never awaited)."""
+  exc = record.exc_info[1] if record.exc_info else None
+  return (exc is not None and _NEVER_RETRIEVED in record.getMessage()
+          and failures.write_failure(exc) is not None)
 
 
 def _is_orbax_coroutine(obj) -> bool:
@@ -69,7 +82,7 @@ class _DemoteNoise(logging.Filter):
 
   def filter(self, record: logging.LogRecord) -> bool:
     exc = record.exc_info[1] if record.exc_info else None
-    if _is_noise(exc):
+    if _is_noise(exc) or _is_abandoned_write(record):
       _log.debug("%s", record.getMessage(), exc_info=record.exc_info)
       return False
     return True

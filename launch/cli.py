@@ -16,7 +16,7 @@ import os
 
 from launch import defaults
 
-__all__ = ["NonFiniteError", "UsageError", "check_args", "explicit_flags", "finish",
+__all__ = ["NonFiniteError", "StorageError", "UsageError", "check_args", "explicit_flags", "finish",
            "parse_args", "set_cpu_devices", "several_processes", "step_range"]
 
 
@@ -26,6 +26,10 @@ class UsageError(Exception):
 
 class NonFiniteError(Exception):
   """The loss or the training state became non-finite (exit 3)."""
+
+
+class StorageError(Exception):
+  """Writing the run's files failed: disk full, permission lost, filesystem gone (exit 4)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -39,7 +43,11 @@ def _key_value(text: str) -> tuple[str, float]:
   key, eq, value = text.partition("=")
   if not eq or not key.isidentifier():
     raise argparse.ArgumentTypeError(f"{text!r} is not NAME=NUMBER (e.g. decay_rate=0.8)")
-  return key, float(value)
+  try:
+    return key, float(value)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"{text!r}: {value!r} is not a number (NAME=NUMBER, e.g."
+                                     " decay_rate=0.8)") from None
 
 
 def step_range(text: str) -> tuple[int, int]:
@@ -89,7 +97,9 @@ def _add_optimizer(p) -> None:
   g.add_argument("--schedule-steps", type=int, default=None,
                  help="horizon of the cosine/linear schedule; default --steps. Keep it when"
                  " a resume extends --steps, so the learning rate does not jump")
-  g.add_argument("--warmup-steps", type=int, default=20)
+  g.add_argument("--warmup-steps", type=int, default=20,
+                 help="linear warmup of warmup_cosine; a value given must be below the horizon,"
+                 " the default is shortened to it - 1")
   g.add_argument("--final-lr-ratio", type=float, default=0.1,
                  help="end learning rate as a fraction of --lr (cosine, linear)")
   g.add_argument("--clip-norm", type=float, default=1.0,
@@ -208,6 +218,20 @@ def _flag(name: str) -> str:
   return "--" + name.replace("_", "-")
 
 
+_HYPERPARAMETER_RANGES = {  # flag: (lowest, highest) value
+    "b1": (0, 1), "b2": (0, 1), "momentum": (0, 1), "eps": (0, math.inf),
+    "weight_decay": (0, math.inf),
+}
+
+
+def _check_warmup(args: argparse.Namespace, given: bool) -> None:
+  """A --warmup-steps given (or saved) must end before the warmup_cosine horizon; the default
+  is shortened to the horizon - 1 (optim.build_schedule), as --help says."""
+  if given and args.schedule == "warmup_cosine" and args.warmup_steps >= args.schedule_steps:
+    raise UsageError(f"--warmup-steps {args.warmup_steps}: must be below the schedule's horizon"
+                     f" {args.schedule_steps} (--schedule-steps, which defaults to --steps)")
+
+
 def _check_numbers(args: argparse.Namespace) -> None:
   for name, low in _AT_LEAST.items():
     value = getattr(args, name)
@@ -221,10 +245,14 @@ def _check_numbers(args: argparse.Namespace) -> None:
     value = getattr(args, name)
     if not (math.isfinite(value) and value >= 0):
       raise UsageError(f"{_flag(name)} {value}: must be a finite number >= 0")
-  for name in ("b1", "b2", "eps", "weight_decay", "momentum"):
+  for name, (low, high) in _HYPERPARAMETER_RANGES.items():
     value = getattr(args, name)
-    if value is not None and not math.isfinite(value):
-      raise UsageError(f"{_flag(name)} {value}: must be a finite number")
+    if value is not None and not (math.isfinite(value) and low <= value <= high):
+      bound = f">= {low:g}" if high == math.inf else f"from {low:g} to {high:g}"
+      raise UsageError(f"{_flag(name)} {value:g}: must be a finite number {bound}")
+  if args.d_model % 2:
+    raise UsageError(f"--d-model {args.d_model}: must be even (the position encoding pairs a sine"
+                     f" and a cosine per frequency), e.g. --d-model {args.d_model + 1}")
   for key, value in args.opt:
     if not math.isfinite(value):
       raise UsageError(f"--opt {key}={value}: must be a finite number")
@@ -280,6 +308,7 @@ def finish(values: dict) -> argparse.Namespace:
     args.lr = defaults.learning_rate(args.optimizer)
   if args.schedule_steps is None:
     args.schedule_steps = args.steps
+  _check_warmup(args, "warmup_steps" in values)
   return args
 
 

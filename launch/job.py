@@ -14,12 +14,18 @@ sample is printed; each step's loss and norms are fetched every --log-every
 steps and written with the step time, tokens/s and MFU (launch/metrics.py).
 SIGTERM/SIGINT stop it cleanly: every process agrees on the step to stop at,
 the checkpoint in flight is finished, the current state is saved and the job
-exits 0.
+exits 0 (before step 1 of a new run, the new run folder is removed; a second
+signal ends it at once: launch/stop.py). The run folder is locked for the
+whole run (launch/run_lock.py); library log lines go to OUT/job.log; a write
+the storage refuses ends the job with one line naming the path and the newest
+complete checkpoint (``cli.StorageError``).
 """
 
 import argparse
+import contextlib
 import pathlib
-import signal
+import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -32,9 +38,10 @@ import checkpoints
 import partitioning
 import shardopt
 from launch import cli, data, defaults, metrics, report, resume, run_config, run_folder
-from launch import steps, throughput
+from launch import job_log, steps, throughput
 from launch.model import ModelConfig, Transformer, next_token_loss
 from launch.profile import ProfileWindow
+from launch.stop import StopRequest
 from launch.optim import build_schedule, with_state_bits
 from launch.validation import NonFiniteGuard, as_usage_error, checked_mesh, checked_optimizer
 
@@ -56,30 +63,6 @@ def init_distributed(args: argparse.Namespace) -> None:
   elif args.auto_distributed:
     jax.distributed.initialize(initialization_timeout=args.init_timeout,
                                heartbeat_timeout_seconds=args.heartbeat_timeout)
-
-
-class StopRequest:
-  """Remembers SIGTERM/SIGINT; ``agreed()`` is True on every process once any got one."""
-
-  def __init__(self):
-    self.signum = None
-    self._previous = {s: signal.signal(s, self._handle)
-                      for s in (signal.SIGTERM, signal.SIGINT)}
-
-  def _handle(self, signum, frame):
-    self.signum = signum
-    for s, handler in self._previous.items():  # A second signal acts at once.
-      signal.signal(s, handler)
-
-  def agreed(self) -> bool:
-    mine = np.array(self.signum is not None)
-    if jax.process_count() == 1:
-      return bool(mine)
-    return bool(np.any(multihost_utils.process_allgather(mine)))
-
-  def restore(self):
-    for s, handler in self._previous.items():
-      signal.signal(s, handler)
 
 
 def _say(*lines) -> None:
@@ -142,15 +125,14 @@ def _initial_state(args, model, abstract, opt, abstract_state, manager, resumed,
     is_main = jax.process_index() == 0
     target = {"params": abstract, "opt_state": abstract_state}
     restored = resume.restore(manager, target, config, args.steps, _say, is_main=is_main,
-                              auto=args.resume == "auto", out=args.out)
-    if restored is not None:
-      _say(f"resumed from step {restored.step} ({args.checkpoint_dir})")
-      return (restored.state["params"], restored.state["opt_state"], restored.step,
-              bool(restored.skipped))
+                              auto=args.resume == "auto")
+    _say(f"resumed from step {restored.step} ({args.checkpoint_dir})")
+    return (restored.state["params"], restored.state["opt_state"], restored.step,
+            bool(restored.skipped))
   init = lambda key: model.init(key, jnp.zeros((1, args.seq_len - 1), jnp.int32))["params"]
   param_shardings = jax.tree.map(lambda a: a.sharding, abstract)
   params = jax.jit(init, out_shardings=param_shardings)(jax.random.key(args.seed))
-  return params, opt.init(params), 0, resumed
+  return params, opt.init(params), 0, False
 
 
 def _open_manager(args) -> checkpoints.CheckpointManager:
@@ -213,9 +195,9 @@ def _due(every: int, step: int, last: int) -> bool:
   return bool(every) and (step % every == 0 or step == last)
 
 
-def _train(args, mesh, model, opt, evaluation, initial, manager, guard, config):
+def _train(args, mesh, model, opt, evaluation, initial, manager, guard, config, stop):
   """Trains from ``initial`` (params, optimizer state, step) to --steps or a
-  stop signal; returns (the last step, the signal that stopped it or None)."""
+  stop signal (``stop``); returns (the last step, the signal that stopped it or None)."""
   params, opt_state, start = initial
   meta = {"seed": args.seed, "optimizer": args.optimizer, "mesh": dict(mesh.shape),
           "config": config}
@@ -232,6 +214,8 @@ def _train(args, mesh, model, opt, evaluation, initial, manager, guard, config):
        f"FLOPs per step: {flops / 1e9:.3g} GFLOP (XLA's cost analysis of the compiled step,"
        f" {jax.device_count()} devices); MFU against a peak of {peak.source}" if flops else
        "FLOPs per step: not reported by XLA (no MFU)", "")
+  for name in ("metrics.jsonl", "samples.jsonl"):
+    resume.set_aside_torn_line(out / name, _say, is_main)
   if is_main:
     report.truncate_metrics(out / "metrics.jsonl", start)
     report.truncate_metrics(out / "samples.jsonl", start)
@@ -240,7 +224,7 @@ def _train(args, mesh, model, opt, evaluation, initial, manager, guard, config):
                            guard, start, is_main)
   profile = ProfileWindow(cli.step_range(args.profile_steps) if args.profile_steps else None,
                           out, _say)
-  stop, step, saved, sampled, pending = StopRequest(), start, start, None, []
+  step, saved, sampled, pending = start, start, None, []
   window = throughput.Window()
   try:
     window.start(step)
@@ -274,12 +258,61 @@ def _train(args, mesh, model, opt, evaluation, initial, manager, guard, config):
       _save(manager, step, params, opt_state, meta, guard)
     manager.wait_until_finished()
   finally:
-    stop.restore()
     log.close()
   return step, stop.signum
 
 
-def run(args: argparse.Namespace) -> int:
+def _agreed(failure: Exception | None) -> None:
+  """Every process stops when one of them could not settle the run folder (process 0 alone
+  takes its lock): the process that failed raises its error, the others one naming it."""
+  failed = np.array(failure is not None)
+  if jax.process_count() > 1:
+    failed = np.reshape(multihost_utils.process_allgather(failed), -1)
+  if failure is not None:
+    raise failure
+  if np.any(failed):
+    bad = [int(i) for i in np.flatnonzero(failed)]
+    raise cli.UsageError(f"process(es) {bad} could not settle the run folder (see their error)")
+
+
+def _storage_error(e: OSError, args) -> cli.StorageError:
+  """One line for a write the storage refused: the path, the step being saved (checkpoints),
+  the newest complete checkpoint."""
+  if isinstance(e, checkpoints.CheckpointWriteError):
+    text = str(e)
+  else:
+    try:
+      steps_there = run_folder.finalized_steps(args.checkpoint_dir)
+    except OSError:
+      steps_there = []
+    intact = (f"the newest complete checkpoint is step {steps_there[-1]}" if steps_there
+              else "there is no complete checkpoint")
+    text = f"{e.strerror or e}: {e.filename or args.out}; {intact} in {args.checkpoint_dir}."
+  return cli.StorageError(f"{text} Free space (or restore the permissions, the mount), then"
+                          " run again with --resume to continue from it")
+
+
+def _stopped_before_training(args, signum: int, start: int, resumed: bool, created: bool) -> str:
+  """What a signal that came before the first step leaves: a new run folder is removed."""
+  where = f"stopped by signal {signum} before step {start + 1}"
+  if resumed:
+    return f"{where}: nothing trained or saved; {args.out} is as it was (step {start})"
+  if created and jax.process_index() == 0:
+    shutil.rmtree(args.out, ignore_errors=True)
+    return f"{where}: nothing trained; removed the new run folder {args.out}"
+  return (f"{where}: nothing trained; {args.out} holds no run (no checkpoint, no metrics):"
+          " a later run may use it")
+
+
+def run(args: argparse.Namespace, stop: StopRequest) -> int:
+  """Runs the job; the run folder's lock is held until it returns or raises (or a second
+  signal ends the process)."""
+  with contextlib.ExitStack() as held:
+    stop.on_abort(held.close)
+    return _run(args, stop, held)
+
+
+def _run(args: argparse.Namespace, stop: StopRequest, held: contextlib.ExitStack) -> int:
   init_distributed(args)
   mesh = checked_mesh(args)
   model, tx = _model(args), checked_optimizer(args)
@@ -289,33 +322,35 @@ def run(args: argparse.Namespace) -> int:
       jax.eval_shape(opt.init, abstract), opt.state_shardings)
   evaluation = _HeldOut(args, mesh, model, opt.param_shardings,
                         data.split(data.load_corpus())[1])
-  resumed, note = run_folder.prepare(args, is_main=jax.process_index() == 0)
+  if stop.agreed():
+    _say(f"stopped by signal {stop.signum or 'on another process'} before the run started:"
+         " nothing was created")
+    return 0
+  created, failure = args.out is None or not os.path.exists(args.out), None
+  try:
+    resumed, note = run_folder.prepare(args, is_main=jax.process_index() == 0, held=held, say=_say)
+  except cli.UsageError as e:
+    failure = e
+  _agreed(failure)
+  out = pathlib.Path(args.out)
+  held.callback(job_log.to_file(job_log.log_path(out, jax.process_index())))
   if note:
     _say(note)
-  out = pathlib.Path(args.out)
   config = run_config.config_of(args, jax.process_count(), jax.device_count())
   guard = NonFiniteGuard(args.skip_nonfinite, hint="Lower --lr or --clip-norm, or pass"
                          " --skip-nonfinite to skip such steps.")
   _describe(args, mesh, rules, specs, abstract, abstract_state, opt)
-  manager = _open_manager(args)
   try:
-    params, opt_state, start, set_aside = _initial_state(
-        args, model, abstract, opt, abstract_state, manager, resumed, config)
-  except BaseException:
-    manager.close()
-    raise
-  if set_aside:  # damaged steps were renamed: list the steps afresh to save them again
-    manager.close()
-    manager = _open_manager(args)
-  guard.resume_from(opt_state)
-  try:
-    step, stopped = _train(args, mesh, model, opt, evaluation, (params, opt_state, start),
-                           manager, guard, config)
-  finally:
-    manager.close()
-  metrics_path = out / "metrics.jsonl"
-  if jax.process_index() == 0 and metrics_path.exists():
-    report.plot_losses(metrics_path, out / "loss.png", run_config.title(out.name, config))
+    step, start, stopped = _restore_and_train(args, mesh, model, opt, abstract, abstract_state,
+                                              evaluation, resumed, config, guard, stop)
+    if stopped is not None and step == start:
+      _say(_stopped_before_training(args, stopped, start, resumed, created))
+      return 0
+    metrics_path = out / "metrics.jsonl"
+    if jax.process_index() == 0 and metrics_path.exists():
+      report.plot_losses(metrics_path, out / "loss.png", run_config.title(out.name, config))
+  except OSError as e:  # a write the storage refused (CheckpointWriteError is one)
+    raise _storage_error(e, args) from e
   if stopped is not None:
     _say(f"stopped by signal {stopped} after step {step}; checkpoint saved:"
          " run again with --resume to continue")
@@ -323,3 +358,22 @@ def run(args: argparse.Namespace) -> int:
     _say(f"done: {step} steps; metrics {metrics_path}, curve {out / 'loss.png'},"
          f" TensorBoard: tensorboard --logdir {out.parent}, checkpoints {args.checkpoint_dir}")
   return 0
+
+
+def _restore_and_train(args, mesh, model, opt, abstract, abstract_state, evaluation, resumed,
+                       config, guard, stop):
+  """(last step, first step, the signal that stopped it or None): opens the checkpoints,
+  restores on --resume, trains, and closes the checkpoints (the last save finalized)."""
+  manager = _open_manager(args)
+  try:
+    params, opt_state, start, set_aside = _initial_state(
+        args, model, abstract, opt, abstract_state, manager, resumed, config)
+    if set_aside:  # damaged steps were renamed: list the steps afresh to save them again
+      manager.close()
+      manager = _open_manager(args)
+    guard.resume_from(opt_state)
+    step, stopped = _train(args, mesh, model, opt, evaluation, (params, opt_state, start),
+                           manager, guard, config, stop)
+  finally:
+    manager.close()
+  return step, start, stopped

@@ -29,7 +29,7 @@ import time
 from launch import cli
 from launch import run_folder
 
-__all__ = ["free_port", "main", "parse_args", "process_commands", "run_processes"]
+__all__ = ["check_args", "free_port", "main", "parse_args", "process_commands", "run_processes"]
 
 
 def free_port() -> int:
@@ -167,9 +167,21 @@ def process_commands(args: argparse.Namespace, port: int) -> list[list[str]]:
           for i in range(args.processes)]
 
 
+def check_args(args: argparse.Namespace) -> None:
+  """Raises UsageError naming the first launcher flag whose value cannot work."""
+  for flag, value, low in (("--processes", args.processes, 1), ("--devices", args.devices, 1),
+                           ("--port", args.port, 0), ("--heartbeat-timeout", args.heartbeat_timeout, 1)):
+    if value < low:
+      raise cli.UsageError(f"{flag} {value}: must be at least {low}")
+  for flag, value in (("--timeout", args.timeout), ("--grace", args.grace)):
+    if not value > 0:
+      raise cli.UsageError(f"{flag} {value}: must be a number of seconds > 0")
+
+
 def main(argv=None) -> int:
   args = parse_args(argv)
   try:
+    check_args(args)
     commands = process_commands(args, args.port or free_port())
   except cli.UsageError as e:
     print(f"error: {e}", file=sys.stderr)

@@ -58,19 +58,31 @@ def _takes_int(param) -> bool:
   return param.annotation is int or int in typing.get_args(param.annotation)
 
 
-def _as_default_type(value, param):
-  """``--opt block_size=16`` parses as 16.0: an int where the keyword takes one."""
-  if param is not None and _takes_int(param) and float(value).is_integer():
-    return int(value)
-  return value
+JOB_SETS = {"learning_rate": "--lr and --schedule"}  # keywords the job passes itself
+
+
+def _as_default_type(name: str, value, param, optimizer: str):
+  """``--opt block_size=16`` parses as 16.0: an int where the keyword takes one (a fraction
+  there is an error)."""
+  if param is None or not _takes_int(param):
+    return value
+  if not float(value).is_integer():
+    raise ValueError(f"--opt {name}={value:g}: {optimizer}'s {name} takes an integer")
+  return int(value)
 
 
 def optimizer_kwargs(args: argparse.Namespace, factory) -> dict:
   """The keyword arguments the user set, checked against the alias's signature."""
   given = {k: getattr(args, k) for k in HYPERPARAMETER_FLAGS if getattr(args, k) is not None}
-  given.update(dict(args.opt))
+  for key, value in args.opt:
+    if key in JOB_SETS:
+      raise ValueError(f"--opt {key}: the job sets it (use {JOB_SETS[key]})")
+    if key in given:
+      flag = f"--{key.replace('_', '-')}" if key in HYPERPARAMETER_FLAGS else f"--opt {key}"
+      raise ValueError(f"--opt {key}={value:g}: {key} is given twice (also by {flag})")
+    given[key] = value
   accepted = _params(factory)
-  given = {k: _as_default_type(v, accepted.get(k)) for k, v in given.items()}
+  given = {k: _as_default_type(k, v, accepted.get(k), args.optimizer) for k, v in given.items()}
   unknown = sorted(set(given) - set(accepted))
   if unknown:
     raise ValueError(

@@ -1,5 +1,6 @@
 """What the job tells its user: progress lines, metrics (JSON lines), a loss-curve PNG."""
 
+import errno
 import json
 import math
 import os
@@ -20,9 +21,16 @@ def _line(record: dict) -> str:
 
 def append_metrics(path: pathlib.Path, record: dict) -> None:
   """Appends one JSON object as a line (a resumed run extends the same file);
-  a non-finite number is written as null."""
-  with open(path, "a") as f:
-    f.write(_line(record))
+  a non-finite number is written as null. The line goes to the kernel whole, in
+  one write to a file opened for appending (nothing buffered here), so a crash
+  leaves whole lines or at most a torn last one (set aside on resume)."""
+  data = _line(record).encode()
+  fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+  try:
+    if os.write(fd, data) != len(data):  # the disk filled up within the line
+      raise OSError(errno.ENOSPC, "only part of a line was written", str(path))
+  finally:
+    os.close(fd)
 
 
 def read_metrics(path: pathlib.Path) -> list[dict]:

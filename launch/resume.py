@@ -5,20 +5,67 @@ current flags before anything is read (``run_config``); the newest intact step
 is restored (``CheckpointManager.restore_latest_valid``). Each newer, damaged
 step it passed over is named in a one-line warning and renamed to
 ``<step>.damaged`` (kept for inspection, out of the way of the new save of
-that step). Nothing else in the run folder changes here (but for ``--resume
-auto`` with no intact step: a fresh start, the damaged steps and the metrics
-set aside); the caller trims the metrics only after this succeeded.
+that step). While files of a step are missing rather than damaged, the
+restore is tried again for ``sum(RETRY_MISSING_S)`` seconds before any such
+verdict (a shared filesystem that lags). When no step reads back, nothing is
+renamed, with ``--resume auto`` too: the job stops, listing each step and why
+(it starts fresh only where there is no step at all: launch/run_folder.py).
+Nothing else in the run folder changes here but a torn last line of the
+metrics (``set_aside_torn_line``); the caller trims the metrics only after
+the restore succeeded.
 """
 
+import json
 import logging
 import os
+import pathlib
+import time
+from typing import NoReturn
 
 import checkpoints
 from launch import run_config
-from launch import run_folder
 from launch.cli import UsageError
 
-__all__ = ["check_config", "restore"]
+__all__ = ["RETRY_MISSING_S", "check_config", "restore", "set_aside_torn_line"]
+
+RETRY_MISSING_S = (1, 2, 4, 8)  # waits between tries while checkpoint files are missing
+
+
+def set_aside_torn_line(path: pathlib.Path, say, is_main: bool = True) -> None:
+  """A JSON-lines file (metrics.jsonl, samples.jsonl) whose last line is torn (no newline, or
+  not a JSON object: a crash while it was written) loses that line to ``<name>.torn-<n>``
+  beside it, with one warning; the rest is rewritten atomically (only ``is_main`` writes). A
+  bad line before the last one is an error naming the file and the line (nothing changed)."""
+  path = pathlib.Path(path)
+  if not path.exists():
+    return
+  body, newline, tail = path.read_bytes().rpartition(b"\n")
+  lines = body.split(b"\n") if newline else []
+  bad = [number for number, line in enumerate(lines, 1) if not _json_object(line)]
+  last_whole_is_torn = not tail and bad == [len(lines)]
+  if bad and not last_whole_is_torn:
+    raise UsageError(f"{path}: line {bad[0]} is not a JSON record ({lines[bad[0] - 1][:60]!r});"
+                     " fix or remove it, then resume")
+  if not tail and not bad:
+    return
+  keep = b"".join(line + b"\n" for line in (lines[:-1] if last_whole_is_torn else lines))
+  torn = lines[-1] + b"\n" if last_whole_is_torn else tail
+  kept = next(path.with_name(f"{path.name}.torn-{n}") for n in range(1, 10**6)
+              if not path.with_name(f"{path.name}.torn-{n}").exists())
+  if is_main:
+    kept.write_bytes(torn)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_bytes(keep)
+    os.replace(partial, path)
+  say(f"warning: {path} ended in a torn line (a crash while it was written): moved to"
+      f" {kept.name}; the {len(lines) - last_whole_is_torn} whole lines before it are kept")
+
+
+def _json_object(line: bytes) -> bool:
+  try:
+    return isinstance(json.loads(line), dict)
+  except ValueError:
+    return False
 
 
 def _first_line(error: Exception) -> str:
@@ -59,17 +106,19 @@ def _set_aside(directory, step: int, is_main: bool) -> str:
   raise UsageError(f"{base}: too many damaged copies kept beside it; remove some")
 
 
-def _restore_newest_valid(manager, target):
+def _restore_once(manager, target):
   """``restore_latest_valid``, its log lines kept off the terminal (``restore``
-  turns ``Restored.skipped`` into one-line warnings); None when no step is intact."""
+  turns ``Restored.skipped`` into one-line warnings): (restored or None, the steps that
+  failed and why)."""
   logger = logging.getLogger("checkpoints")
   silent, propagate = logging.NullHandler(), logger.propagate
   logger.addHandler(silent)
   logger.propagate = False
   try:
-    return manager.restore_latest_valid(target)
-  except checkpoints.NoCheckpointError:
-    return None
+    restored = manager.restore_latest_valid(target)
+    return restored, restored.skipped
+  except checkpoints.NoCheckpointError as e:
+    return None, e.skipped
   except checkpoints.StructureMismatchError as e:
     raise UsageError(f"--resume: the checkpoint does not fit this model and optimizer:"
                      f" {_first_line(e)}") from e
@@ -78,28 +127,38 @@ def _restore_newest_valid(manager, target):
     logger.propagate = propagate
 
 
-def _none_intact(manager, steps: list[int], auto: bool, say, is_main: bool, out) -> None:
-  """No step reads back: an error, or with ``auto`` a fresh start: the damaged
-  steps and the run's metrics are set aside (kept under other names)."""
-  where = str(manager.directory)
-  if not auto:
-    raise UsageError(f"--resume: no checkpoint in {where} reads back (steps {steps} are all"
-                     " damaged); restore one from a copy, or start another --out")
-  kept = [_set_aside(manager.directory, step, is_main) for step in steps]
-  metrics = run_folder.set_aside_metrics(out, is_main)
-  say(f"--resume auto: no checkpoint in {where} reads back: starting fresh (damaged steps kept"
-      f" as {', '.join(kept)}" + (f"; earlier metrics as {metrics})" if metrics else ")"))
+def _restore_newest_valid(manager, target, say):
+  """The newest step that reads back (None when none does), and the newer steps that failed.
+  While files of a step are missing (not damaged), waits ``RETRY_MISSING_S`` between tries
+  before any verdict: a shared filesystem may show them late."""
+  for delay in (*RETRY_MISSING_S, None):
+    restored, skipped = _restore_once(manager, target)
+    missing = [s.step for s in skipped if s.missing]
+    if not missing or delay is None:
+      return restored, skipped
+    if delay == RETRY_MISSING_S[0]:
+      say(f"checkpoint files missing in step(s) {missing} of {manager.directory}: trying again"
+          f" for up to {sum(RETRY_MISSING_S):g} s (a shared filesystem may show them late)")
+    time.sleep(delay)
+
+
+def _none_intact(manager, skipped, auto: bool) -> NoReturn:
+  """No step reads back: an error listing each step and why; nothing is renamed or started."""
+  flag = "--resume auto" if auto else "--resume"
+  reasons = "; ".join(f"step {s.step}: {_shortened(s.reason, 150)}" for s in skipped)
+  raise UsageError(f"{flag}: no checkpoint in {manager.directory} reads back ({reasons});"
+                   " nothing was changed. Bring the files back (is the filesystem mounted?),"
+                   " or start another --out")
 
 
 def restore(manager, target: dict, current_config: dict, steps_wanted: int, say=print,
-            is_main: bool = True, auto: bool = False, out=None):
+            is_main: bool = True, auto: bool = False):
   """The restored state (``checkpoints.Restored``) of the newest intact step.
 
   Raises UsageError when the flags differ from the saved run's, when no step
-  reads back (with ``auto``: every step and the metrics in ``out`` are set
-  aside and None returned: start fresh), or when ``steps_wanted`` is below
-  the restored step. When a step was set aside (``Restored.skipped`` or
-  None), reopen the manager before saving.
+  reads back (listing each step and why; ``auto`` only names the flag), or
+  when ``steps_wanted`` is below the restored step. When a step was set aside
+  (``Restored.skipped``), reopen the manager before saving.
   """
   steps = manager.all_steps()
   where = f"{manager.directory} (step {steps[-1]})"
@@ -107,9 +166,9 @@ def restore(manager, target: dict, current_config: dict, steps_wanted: int, say=
     check_config(manager.metadata(steps[-1]), current_config, where, say)
   except checkpoints.CorruptCheckpointError:
     pass  # Checked below, on the step that reads back.
-  restored = _restore_newest_valid(manager, target)
+  restored, failed = _restore_newest_valid(manager, target, say)
   if restored is None:
-    return _none_intact(manager, steps, auto, say, is_main, out)
+    _none_intact(manager, failed, auto)
   if restored.skipped:
     check_config(restored.metadata, current_config, f"{manager.directory} (step {restored.step})",
                  lambda line: None)

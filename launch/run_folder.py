@@ -13,6 +13,7 @@ import time
 
 from etils import epath
 
+from launch import run_lock
 from launch.cli import UsageError
 
 __all__ = ["RUNS", "claim_new", "describe", "finalized_steps", "metrics_records",
@@ -145,22 +146,8 @@ def _resolve_default_out(args: argparse.Namespace) -> tuple[bool, str | None]:
   return False, None
 
 
-def prepare(args: argparse.Namespace, is_main: bool = True) -> tuple[bool, str | None]:
-  """Settles the run folder for the checked arguments; returns (resume?, note).
-
-  Sets ``args.out`` and ``args.checkpoint_dir`` and creates the run folder;
-  call it only once every argument and the mesh are known to be good. Raises
-  UsageError (nothing created or changed) when the folder does not fit the
-  arguments: ``--resume`` with no checkpoint, a fresh start into a folder that
-  holds a run, a folder that is not writable.
-  """
-  if args.out is None and args.checkpoint_dir is None:
-    resume, note = _resolve_default_out(args)
-    args.checkpoint_dir = os.path.join(args.out, "checkpoints")
-    return resume, note
-  if args.checkpoint_dir is None:
-    args.checkpoint_dir = os.path.join(args.out, "checkpoints")
-  steps, note = finalized_steps(args.checkpoint_dir), None
+def _check_contents(args: argparse.Namespace, steps: list[int]) -> None:
+  """Raises UsageError when the folder does not fit --resume (read only)."""
   holder = args.checkpoint_dir if args.out is None else args.out  # named in messages
   if args.resume == "required" and not steps:
     raise UsageError(f"--resume: nothing to resume: {describe(holder, args.checkpoint_dir)}."
@@ -171,15 +158,94 @@ def prepare(args: argparse.Namespace, is_main: bool = True) -> tuple[bool, str |
     raise UsageError(f"{'--out' if args.out else '--checkpoint-dir'} {holder} already holds a"
                      f" run ({contents}): pass --resume to continue it, or choose another"
                      " --out or --checkpoint-dir to start afresh")
+
+
+def _make(flag: str, path: str) -> bool:
+  """Creates the folder ``path`` if missing; whether it was created."""
+  if os.path.isdir(path):
+    return False
+  try:
+    pathlib.Path(path).mkdir(parents=True)
+  except FileExistsError:
+    return False  # another run created it meanwhile
+  except OSError as e:
+    raise UsageError(f"{flag} {path}: cannot create it ({e.strerror})") from None
+  return True
+
+
+def _locks(args: argparse.Namespace) -> list[tuple[str, str]]:
+  """The (flag, folder) pairs to lock: --out, and --checkpoint-dir when it lies elsewhere
+  (local paths only: a bucket has no lock file)."""
+  pairs = [("--out", args.out)]
+  out, checkpoint_dir = os.path.abspath(args.out), os.path.abspath(args.checkpoint_dir)
+  inside = checkpoint_dir == out or checkpoint_dir.startswith(out + os.sep)
+  if "://" not in args.checkpoint_dir and not inside:
+    pairs.append(("--checkpoint-dir", args.checkpoint_dir))
+  return pairs
+
+
+def _hold(args: argparse.Namespace, say) -> tuple[list[run_lock.RunLock], list[str]]:
+  """Takes the run's locks, creating their folders: (locks, folders created). On failure
+  releases what it took and removes the folders it created."""
+  taken, created = [], []
+  try:
+    for flag, folder in _locks(args):
+      if _make(flag, folder):
+        created.append(folder)
+      taken.append(run_lock.RunLock.acquire(folder, flag, warn=say))
+  except UsageError:
+    _undo(taken, created)
+    raise
+  return taken, created
+
+
+def _undo(taken: list, created: list[str]) -> None:
+  for lock in taken:
+    lock.release()
+  for folder in reversed(created):
+    try:
+      os.rmdir(folder)
+    except OSError:
+      pass  # not empty: another run wrote into it
+
+
+def prepare(args: argparse.Namespace, is_main: bool = True, held=None,
+            say=print) -> tuple[bool, str | None]:
+  """Settles the run folder for the checked arguments; returns (resume?, note).
+
+  Sets ``args.out`` and ``args.checkpoint_dir`` and creates the run folder;
+  call it only once every argument and the mesh are known to be good. With
+  ``held`` (a ``contextlib.ExitStack``) and ``is_main``, takes the lock of the
+  run folder (and of a --checkpoint-dir outside it) before anything in it is
+  read or changed, released when ``held`` closes (launch/run_lock.py). Raises
+  UsageError (nothing created or changed) when the folder does not fit the
+  arguments: ``--resume`` with no checkpoint, a fresh start into a folder that
+  holds a run, a folder that is not writable, a folder another run holds.
+  """
+  if args.out is None and args.checkpoint_dir is None:
+    resume, note = _resolve_default_out(args)
+    args.checkpoint_dir = os.path.join(args.out, "checkpoints")
+    if held is not None and is_main:
+      taken, _ = _hold(args, say)
+      held.callback(_undo, taken, [])
+    return resume, note
+  if args.checkpoint_dir is None:
+    args.checkpoint_dir = os.path.join(args.out, "checkpoints")
   if args.out is not None:
     _check_writable("--out", args.out)
   _check_writable("--checkpoint-dir", args.checkpoint_dir)
+  _check_contents(args, finalized_steps(args.checkpoint_dir))  # before anything is created
   if args.out is None:
     args.out = str(claim_new(new_name()))
-  if args.resume == "auto" and not steps:
-    note = _fresh_into_existing(args, is_main)
+  taken, created = _hold(args, say) if held is not None and is_main else ([], [])
   try:
-    pathlib.Path(args.out).mkdir(parents=True, exist_ok=True)
-  except OSError as e:
-    raise UsageError(f"--out {args.out}: cannot create it ({e.strerror})") from None
+    steps = finalized_steps(args.checkpoint_dir)
+    _check_contents(args, steps)  # again, now that no other run can change the folder
+    note = _fresh_into_existing(args, is_main) if args.resume == "auto" and not steps else None
+    _make("--out", args.out)
+  except UsageError:
+    _undo(taken, created)
+    raise
+  if held is not None:
+    held.callback(_undo, taken, [])
   return bool(steps), note

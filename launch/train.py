@@ -5,11 +5,15 @@ with sharded params and sharded optimizer state on a device mesh, printing the
 mesh, the partition-rule table and the per-device memory plan first, then a
 progress line, and writing OUT/metrics.jsonl, OUT/loss.png and checkpoints.
 
-Exit codes: 0 done, or stopped by SIGTERM/SIGINT with a checkpoint saved;
-2 a bad argument or a run folder that does not fit them (one ``error: ...``
-line on stderr, nothing created or changed); 3 a non-finite loss or state
-(no checkpoint of it written); 1 any other error (one line; ``--debug``
-shows the traceback).
+Exit codes: 0 done, or stopped by SIGTERM/SIGINT (with a checkpoint saved, or
+before step 1 with nothing left behind); 2 a bad argument or a run folder that
+does not fit them or is in use by another run (one ``error: ...`` line on
+stderr, nothing created or changed); 3 a non-finite loss or state (no
+checkpoint of it written); 4 a file of the run could not be written (disk
+full, permission lost, filesystem gone: one line naming the path and the
+newest complete checkpoint); 128 + N stopped at once by a second signal N; 1
+any other error (one line; ``--debug`` shows the traceback). Library log lines
+go to OUT/job.log, not the terminal.
 """
 
 import sys
@@ -18,8 +22,10 @@ import traceback
 from launch import cli
 from launch import flags
 from launch import run_config
+from launch import run_lock
+from launch.stop import StopRequest
 
-EXIT_USAGE, EXIT_NONFINITE, EXIT_ERROR = 2, 3, 1
+EXIT_USAGE, EXIT_NONFINITE, EXIT_STORAGE, EXIT_ERROR = 2, 3, 4, 1
 
 
 def _error(error: Exception, debug: bool, named: bool) -> None:
@@ -31,7 +37,10 @@ def _error(error: Exception, debug: bool, named: bool) -> None:
   print(f"error: {what}{lines[0]}{hint}", file=sys.stderr, flush=True)
 
 
-def _run(args) -> int:
+def _run(args, stop: StopRequest) -> int:
+  if not cli.several_processes(args) or args.process_id == 0:  # process 0 takes the lock
+    run_lock.refuse_if_held("--out", args.out)  # at once, before jax is imported
+    run_lock.refuse_if_held("--checkpoint-dir", args.checkpoint_dir)
   cli.set_cpu_devices(args.cpu_devices)
   restore_stdout = None
   if cli.several_processes(args):  # gloo's collectives print connection lines to stdout
@@ -39,7 +48,7 @@ def _run(args) -> int:
     restore_stdout = quiet_stdout.python_only()
   try:
     from launch import job  # Imports jax, so only after XLA_FLAGS is set.
-    return job.run(args)
+    return job.run(args, stop)
   finally:
     if restore_stdout is not None:
       restore_stdout()
@@ -47,21 +56,27 @@ def _run(args) -> int:
 
 def main(argv=None) -> int:
   debug = "--debug" in (sys.argv[1:] if argv is None else argv)
+  stop = StopRequest()  # first: every signal is answered, from here on
   try:
     args = flags.resolve(argv)
     if args.print_config:
       print(run_config.to_toml(args), end="", flush=True)
       return 0
-    return _run(args)
+    return _run(args, stop)
   except cli.UsageError as e:
     _error(e, debug, named=False)
     return EXIT_USAGE
   except cli.NonFiniteError as e:
     _error(e, debug, named=False)
     return EXIT_NONFINITE
+  except cli.StorageError as e:
+    _error(e, debug, named=False)
+    return EXIT_STORAGE
   except Exception as e:  # noqa: BLE001  (any other error: one line, exit 1)
     _error(e, debug, named=True)
     return EXIT_ERROR
+  finally:
+    stop.restore()
 
 
 if __name__ == "__main__":

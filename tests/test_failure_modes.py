@@ -26,7 +26,9 @@ import pytest
 
 from launch import cli
 from launch import report
+from launch import resume
 from launch import run_folder
+from launch import run_lock
 from tests import launch_helpers as h
 
 # The trained run's flags; a resume that repeats them may change only what
@@ -62,9 +64,10 @@ def usage_error(result: Result, *culprits: str) -> None:
 
 
 def hashes(folder: pathlib.Path) -> dict[str, str]:
-  """sha256 of every file under ``folder`` by relative path."""
+  """sha256 of every file under ``folder`` by relative path, but the job's log (library log
+  lines of every attempt are appended to it: launch/job_log.py)."""
   return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-          for p in sorted(folder.rglob("*")) if p.is_file()}
+          for p in sorted(folder.rglob("*")) if p.is_file() and p.name != "job.log"}
 
 
 def step_files(folder: pathlib.Path, steps) -> dict[str, str]:
@@ -125,6 +128,17 @@ ARGUMENT_CASES = [  # (id, arguments, what the message must name)
     ("unknown_optimizer", ["--optimizer", "adamm"], ["--optimizer 'adamm'"]),
     ("optimizer_keyword", ["--optimizer", "sgd", "--b2", "0.9"], ["--optimizer sgd", "b2"]),
     ("batch_larger_than_held_out", ["--batch", "4096"], ["--batch 4096", "held-out"]),
+    ("eps_negative", ["--eps", "-1"], ["--eps -1", ">= 0"]),
+    ("b1_above_one", ["--b1", "1.5"], ["--b1 1.5", "from 0 to 1"]),
+    ("warmup_beyond_the_horizon", ["--schedule", "warmup_cosine", "--warmup-steps", "500",
+                                   "--steps", "200"], ["--warmup-steps 500", "horizon 200"]),
+    ("opt_fraction_for_an_integer", ["--optimizer", "muon", "--opt", "ns_steps=2.5"],
+     ["--opt ns_steps=2.5", "integer"]),
+    ("opt_keyword_the_job_sets", ["--opt", "learning_rate=0.1"], ["--opt learning_rate", "--lr"]),
+    ("opt_given_twice", ["--b1", "0.9", "--opt", "b1=0.8"], ["--opt b1=0.8", "--b1"]),
+    ("opt_not_a_number", ["--optimizer", "adafactor", "--opt", "decay_rate=fast"],
+     ["--opt", "'fast' is not a number"]),
+    ("d_model_odd", ["--d-model", "63"], ["--d-model 63", "even"]),
 ]
 
 
@@ -250,6 +264,68 @@ def test_launcher_resume_with_nothing_to_resume(tmp_path):
   assert list(work.iterdir()) == []
 
 
+@pytest.mark.parametrize("processes", ["0", "-1"])
+def test_launcher_with_no_processes(tmp_path, processes):
+  work = tmp_path / "work"
+  work.mkdir()
+  result = job(tmp_path, "--processes", processes, "--", *h.TINY, module="launch.local_multihost",
+               cwd=work)
+  usage_error(result, f"--processes {processes}", "at least 1")
+  assert list(work.iterdir()) == []
+
+
+def test_a_folder_in_use_is_refused_at_once_naming_the_holder(run, tmp_path):
+  before = hashes(run)
+  held = run_lock.RunLock.acquire(run)  # this test process holds the run
+  try:
+    started = time.monotonic()
+    result = job(tmp_path, *RUN, "--steps", "6", "--resume", "--out", str(run))
+    elapsed = time.monotonic() - started
+  finally:
+    held.release()
+  usage_error(result, f"--out {run} is in use by another run", f"pid {os.getpid()}", "since",
+              f"host {held.holder.host}")
+  assert elapsed < 5, elapsed  # before jax is imported
+  assert hashes(run) == before
+
+
+def _write_lock(folder: pathlib.Path, **fields) -> pathlib.Path:
+  holder = {"host": run_lock.socket.gethostname(), "pid": os.getpid(), "started": None,
+            "since": time.time(), **fields}
+  path = folder / run_lock.LOCK_NAME
+  path.write_text(json.dumps(holder))
+  return path
+
+
+def test_run_lock_takes_over_a_lock_whose_holder_is_gone(tmp_path):
+  dead = subprocess.Popen(["true"])  # a pid that has ended
+  dead.wait()
+  warnings = []
+  _write_lock(tmp_path, pid=dead.pid)
+  lock = run_lock.RunLock.acquire(tmp_path, warn=warnings.append)
+  assert len(warnings) == 1 and f"pid {dead.pid}" in warnings[0] and "gone" in warnings[0]
+  assert json.loads((tmp_path / run_lock.LOCK_NAME).read_text())["pid"] == os.getpid()
+  with pytest.raises(cli.UsageError, match=f"pid {os.getpid()}"):
+    run_lock.RunLock.acquire(tmp_path)  # held by a live process (this one)
+  lock.release()
+  assert not (tmp_path / run_lock.LOCK_NAME).exists()
+
+
+def test_run_lock_of_another_host_is_stale_only_without_heartbeat(tmp_path):
+  path = _write_lock(tmp_path, host="elsewhere", pid=1)
+  with pytest.raises(cli.UsageError, match="host elsewhere, pid 1"):
+    run_lock.RunLock.acquire(tmp_path)
+  old = time.time() - run_lock.STALE_AFTER_S - 5
+  os.utime(path, (old, old))
+  warnings = []
+  run_lock.RunLock.acquire(tmp_path, warn=warnings.append).release()
+  assert len(warnings) == 1 and "no heartbeat" in warnings[0]
+  (tmp_path / run_lock.LOCK_NAME).write_text("{not json")
+  warnings.clear()
+  run_lock.RunLock.acquire(tmp_path, warn=warnings.append).release()
+  assert len(warnings) == 1 and "unreadable" in warnings[0]
+
+
 def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   when = time.time()
@@ -345,28 +421,22 @@ def test_every_checkpoint_damaged(run, tmp_path):
     shutil.rmtree(run / "checkpoints" / str(step) / "state")
   before = hashes(run)
   usage_error(job(tmp_path, *RUN, "--steps", "6", "--resume", "--out", str(run)),
-              "--resume: no checkpoint in", "reads back")
+              "--resume: no checkpoint in", "reads back", "step 4:", "step 2:",
+              "nothing was changed")
   assert hashes(run) == before
 
 
-@pytest.mark.slow
-def test_resume_auto_with_every_checkpoint_damaged_starts_fresh(run, tmp_path):
-  for step in (2, 4):
-    shutil.rmtree(run / "checkpoints" / str(step) / "state")
+def test_resume_auto_with_the_data_files_of_every_step_missing_changes_nothing(run, tmp_path):
+  """A filesystem that lags or is not mounted: no fresh start over the run. Missing files are
+  waited for (resume.RETRY_MISSING_S) before the verdict."""
+  for path in (run / "checkpoints").glob("*/state/**/d/*"):
+    path.unlink()
   before = hashes(run)
-  result = job(tmp_path, *RUN, "--steps", "2", "--resume", "auto", "--out", str(run))
-  assert result.code == 0, result.err[-2000:]
-  lines = [line for line in result.out.splitlines() if line.startswith("--resume auto")]
-  assert len(lines) == 1 and "reads back: starting fresh" in lines[0]
-  assert "2.damaged, 4.damaged" in lines[0] and "metrics.before-1.jsonl" in lines[0]
-  kept = {k.replace("checkpoints/2.damaged/", "checkpoints/2/")
-          .replace("checkpoints/4.damaged/", "checkpoints/4/")
-          .replace("metrics.before-1.jsonl", "metrics.jsonl"): v
-          for k, v in hashes(run).items() if ".damaged/" in k or "before-1" in k}
-  assert kept == {k: v for k, v in before.items()  # the plot, samples, TensorBoard: rewritten
-                  if k not in ("loss.png", "samples.jsonl") and "tfevents" not in k}
-  assert [r["step"] for r in records(run)] == [1, 2] and h.checkpoint_steps(
-      run / "checkpoints") == [2]
+  start = time.monotonic()
+  result = job(tmp_path, *RUN, "--steps", "6", "--resume", "auto", "--out", str(run))
+  usage_error(result, "--resume auto: no checkpoint in", "step 4:", "step 2:", "nothing was changed")
+  assert "trying again" in result.out and time.monotonic() - start > sum(resume.RETRY_MISSING_S)
+  assert hashes(run) == before  # nothing renamed, no metrics set aside, nothing trained
 
 
 @pytest.mark.slow
@@ -437,3 +507,144 @@ def test_sigkill_during_a_save_then_a_full_restart(tmp_path):
   assert step_files(out, done) == kept
   now = records(out)
   assert now[:done[-1]] == first[:done[-1]] and now[-1]["step"] == done[-1] + 1
+
+
+def _metrics_without_time(folder: pathlib.Path) -> list[dict]:
+  """The records, without the fields that measure time (step time, tokens/s, MFU, wall time)."""
+  timing = {"time", "step_time", "tokens_per_s", "mfu"}
+  return [{k: v for k, v in r.items() if k not in timing} for r in records(folder)]
+
+
+@pytest.mark.slow
+def test_two_jobs_on_one_out(trained, tmp_path):
+  """The second exits 2 at once, naming the first; the first's run is that of a run alone."""
+  out = tmp_path / "run"  # the same folder name as the trained run: the plot's title holds it
+  first = h.start(["launch.train", *RUN, "--steps", "4", "--out", str(out)], tmp_path / "first")
+  try:
+    deadline = time.monotonic() + TIMEOUT
+    while not (out / run_lock.LOCK_NAME).exists():
+      assert first.poll() is None and time.monotonic() < deadline, "the first job never started"
+      time.sleep(0.05)
+    started = time.monotonic()
+    second = job(tmp_path, *RUN, "--steps", "4", "--out", str(out))
+    elapsed = time.monotonic() - started
+    assert first.wait(timeout=TIMEOUT) == 0
+  finally:
+    h.stop(first)
+  usage_error(second, f"--out {out} is in use by another run", f"pid {first.pid}", "since")
+  assert elapsed < 5, elapsed
+  assert _metrics_without_time(out) == _metrics_without_time(trained)
+  assert h.checkpoint_steps(out / "checkpoints") == h.checkpoint_steps(trained / "checkpoints")
+  assert (out / "loss.png").read_bytes() == (trained / "loss.png").read_bytes()
+  assert not (out / run_lock.LOCK_NAME).exists()
+
+
+@pytest.mark.slow
+def test_a_torn_last_metrics_line_is_set_aside_and_the_resume_proceeds(run, tmp_path):
+  """A crash while a line was written (a full disk): it is kept beside the file, not parsed."""
+  torn = b'{"step": 5, "loss": 3.1537744998931'
+  whole = (run / "metrics.jsonl").read_bytes()
+  with open(run / "metrics.jsonl", "ab") as f:
+    f.write(torn)
+  result = job(tmp_path, *RUN, "--steps", "5", "--resume", "--out", str(run))
+  assert result.code == 0, result.err[-2000:]
+  warnings = [line for line in result.out.splitlines() if line.startswith("warning:")]
+  assert len(warnings) == 1 and "torn line" in warnings[0] and "metrics.jsonl.torn-1" in warnings[0]
+  assert (run / "metrics.jsonl.torn-1").read_bytes() == torn
+  assert [r["step"] for r in records(run)] == [1, 2, 3, 4, 5]  # each step once
+  assert (run / "metrics.jsonl").read_bytes().startswith(whole)
+
+
+@pytest.mark.slow
+def test_a_signal_before_step_1_leaves_no_run_folder(tmp_path):
+  out, log = tmp_path / "new", tmp_path / "log"
+  proc = h.start(["launch.train", *RUN, "--steps", "4", "--out", str(out)], log)
+  try:
+    deadline = time.monotonic() + TIMEOUT
+    while not out.exists():  # created once every argument is checked; step 1 is seconds away
+      assert proc.poll() is None and time.monotonic() < deadline, "the job never started"
+      time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=TIMEOUT) == 0
+  finally:
+    h.stop(proc)
+  said = log.read_text().strip().splitlines()[-1]
+  assert said == f"stopped by signal 15 before step 1: nothing trained; removed the new run folder {out}"
+  assert not out.exists()
+
+
+@pytest.mark.slow
+def test_a_second_signal_stops_at_once_and_says_so(tmp_path):
+  out, log = tmp_path / "run", tmp_path / "log"
+  proc = h.start(["launch.train", *RUN, "--steps", "400", "--checkpoint-every", "1", "--out",
+                  str(out)], log)
+  try:
+    h.wait_for_steps(out, 2, proc, TIMEOUT)
+    os.killpg(proc.pid, signal.SIGTERM)
+    time.sleep(0.3)  # two signals pending at once are one to Python
+    os.killpg(proc.pid, signal.SIGTERM)
+    code = proc.wait(timeout=TIMEOUT)
+  finally:
+    h.stop(proc)
+  err = pathlib.Path(f"{log}.stderr").read_text().strip().splitlines()
+  assert code == 128 + signal.SIGTERM, (code, err[-5:])
+  assert len(err) == 1 and err[0].startswith("error: stopped at once by a second signal (SIGTERM)")
+  assert not (out / run_lock.LOCK_NAME).exists()  # released on the way out
+
+
+@contextlib.contextmanager
+def small_filesystem(where: pathlib.Path, size: str):
+  """A tmpfs of ``size`` mounted at ``where`` (root only; else the test is skipped)."""
+  where.mkdir()
+  mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                         check=False, capture_output=True)
+  if mount.returncode:
+    pytest.skip(f"no tmpfs to fill: {mount.stderr!r}")
+  try:
+    yield where
+  finally:
+    subprocess.run(["umount", "-l", str(where)], check=True)
+
+
+def _fill(disk: pathlib.Path, leave: int) -> None:
+  """Writes ``disk/filler`` until less than ``leave`` bytes are free (the job writes too)."""
+  with open(disk / "filler", "wb") as f:
+    while True:
+      stats = os.statvfs(disk)
+      if stats.f_bavail * stats.f_frsize < leave:
+        return
+      try:
+        f.write(b"\0" * (32 * 1024))
+        f.flush()
+      except OSError:
+        return
+
+
+@pytest.mark.slow
+def test_a_disk_filled_mid_run_stops_with_one_line_and_resume_continues(tmp_path):
+  """The tmpfs is filled while the job trains: one error line naming the path and the newest
+  complete checkpoint (exit 4); after space is freed, --resume recomputes the steps after it
+  bit for bit (their losses were written before the failure)."""
+  with small_filesystem(tmp_path / "disk", "48m") as disk:
+    out, log = disk / "run", tmp_path / "log"
+    proc = h.start(["launch.train", *RUN, "--steps", "400", "--checkpoint-every", "1",
+                    "--out", str(out)], log)
+    try:
+      h.wait_for_steps(out, 2, proc, TIMEOUT)
+      _fill(disk, leave=128 * 1024)  # room for a few metrics lines, not for a checkpoint
+      code = proc.wait(timeout=TIMEOUT)
+    finally:
+      h.stop(proc)
+    err = pathlib.Path(f"{log}.stderr").read_text().strip().splitlines()
+    done = h.checkpoint_steps(out / "checkpoints")
+    assert code == 4, (code, err[-5:])
+    assert len(err) == 1 and err[0].startswith("error: "), err[-10:]
+    assert str(out) in err[0] and f"newest complete checkpoint is step {done[-1]}" in err[0]
+    logged = [r for r in records(out) if r["step"] > done[-1]]
+    (disk / "filler").unlink()
+    result = job(tmp_path, *RUN, "--steps", str(logged[-1]["step"]) if logged else str(done[-1] + 1),
+                 "--resume", "--out", str(out))
+    assert result.code == 0, result.err[-2000:]
+    assert f"resumed from step {done[-1]}" in result.out
+    again = {r["step"]: r["loss"] for r in records(out)}
+    assert logged and all(again[r["step"]] == r["loss"] for r in logged)

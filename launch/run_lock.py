@@ -1,0 +1,175 @@
+"""One run per folder: an exclusive lock file held for the whole run.
+
+``OUT/run.lock`` holds who has the folder (host, pid, the pid's start time,
+since when). It is created whole and atomically by ``os.link`` of a file
+written beside it (``link`` fails if the lock exists, also on NFS), and its
+modification time is refreshed every ``HEARTBEAT_S`` seconds while the run
+lives. A lock is stale when its holder is gone: on the same host, no process
+with its pid and start time; on another host, no heartbeat for ``STALE_AFTER_S``
+seconds. A stale lock is taken over (renamed away first, so of two runs taking
+it over only one succeeds). In a multi-process job process 0 holds it.
+
+Nothing here imports jax, so the job can check a folder before importing it.
+"""
+
+import dataclasses
+import json
+import os
+import pathlib
+import socket
+import threading
+import time
+import uuid
+
+from launch.cli import UsageError
+
+__all__ = ["HEARTBEAT_S", "LOCK_NAME", "STALE_AFTER_S", "Holder", "RunLock", "holder_of",
+           "refuse_if_held"]
+
+LOCK_NAME = "run.lock"
+HEARTBEAT_S = 10.0
+STALE_AFTER_S = 60.0
+
+
+def _start_ticks(pid: int) -> int | None:
+  """The start time of process ``pid`` in clock ticks since boot (Linux), or None."""
+  try:
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[19])
+  except (OSError, IndexError, ValueError):
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Holder:
+  """Who holds a folder, as written in its lock file."""
+
+  host: str
+  pid: int
+  started: int | None  # the pid's start time, to tell a reused pid
+  since: float
+
+  def describe(self) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.since))
+    return f"host {self.host}, pid {self.pid}, since {when}"
+
+  def gone(self, lock_age_s: float) -> str | None:
+    """Why the holder is gone, or None when it may still run."""
+    if self.host != socket.gethostname():
+      if lock_age_s > STALE_AFTER_S:
+        return f"no heartbeat for {lock_age_s:.0f} s"
+      return None
+    try:
+      os.kill(self.pid, 0)
+    except ProcessLookupError:
+      return f"no process {self.pid} on this host"
+    except PermissionError:
+      pass  # another user's live process
+    if self.started is not None and _start_ticks(self.pid) not in (None, self.started):
+      return f"pid {self.pid} is now another process"
+    return None
+
+
+def _mine() -> Holder:
+  return Holder(socket.gethostname(), os.getpid(), _start_ticks(os.getpid()), time.time())
+
+
+def holder_of(folder) -> tuple[Holder, str | None] | None:
+  """(the holder of ``folder``'s lock, why it is gone or None), or None when it is not locked.
+  An unreadable lock file counts as held by nobody alive."""
+  path = pathlib.Path(folder) / LOCK_NAME
+  try:
+    text, age = path.read_text(), time.time() - path.stat().st_mtime
+  except FileNotFoundError:
+    return None
+  try:
+    holder = Holder(**json.loads(text))
+  except (ValueError, TypeError):
+    return Holder("?", -1, None, 0.0), f"its lock file {path} is unreadable"
+  return holder, holder.gone(age)
+
+
+def _in_use(flag: str, folder, holder: Holder) -> UsageError:
+  return UsageError(f"{flag} {folder} is in use by another run ({holder.describe()}; lock"
+                    f" {pathlib.Path(folder) / LOCK_NAME}): wait for it to end, or choose another"
+                    f" {flag}")
+
+
+class RunLock:
+  """The lock of one run folder, held from ``acquire`` until ``release``."""
+
+  def __init__(self, path: pathlib.Path, holder: Holder):
+    self.path, self.holder = path, holder
+    self._stop = threading.Event()
+    self._beat = threading.Thread(target=self._heartbeat, name="run-lock-heartbeat", daemon=True)
+    self._beat.start()
+
+  @classmethod
+  def acquire(cls, folder, flag: str = "--out", warn=print) -> "RunLock":
+    """Takes ``folder``'s lock (the folder must exist); a stale one is taken over with one
+    warning. Raises UsageError naming ``flag`` and the holder when a live run holds it."""
+    path = pathlib.Path(folder) / LOCK_NAME
+    mine = _mine()
+    for _ in range(3):
+      if cls._create(path, mine):
+        return cls(path, mine)
+      found = holder_of(folder)
+      if found is None:
+        continue  # released meanwhile
+      holder, why = found
+      if why is None:
+        raise _in_use(flag, folder, holder)
+      if cls._set_aside(path):
+        warn(f"warning: {flag} {folder}: took over the lock of a run that is gone"
+             f" ({holder.describe()}: {why})")
+    raise UsageError(f"{flag} {folder}: could not take its lock {path} (other runs keep taking"
+                     f" it); choose another {flag}")
+
+  @staticmethod
+  def _create(path: pathlib.Path, holder: Holder) -> bool:
+    """Creates the lock file whole; False when it exists."""
+    draft = path.with_name(f".{LOCK_NAME}.{uuid.uuid4().hex}")
+    draft.write_text(json.dumps(dataclasses.asdict(holder)))
+    try:
+      os.link(draft, path)
+      return True
+    except FileExistsError:
+      return False
+    finally:
+      draft.unlink()
+
+  @staticmethod
+  def _set_aside(path: pathlib.Path) -> bool:
+    """Removes a stale lock; False when another run removed it first."""
+    stale = path.with_name(f".{LOCK_NAME}.stale.{uuid.uuid4().hex}")
+    try:
+      os.rename(path, stale)
+    except FileNotFoundError:
+      return False
+    stale.unlink()
+    return True
+
+  def _heartbeat(self) -> None:
+    while not self._stop.wait(HEARTBEAT_S):
+      try:
+        os.utime(self.path)
+      except OSError:
+        pass  # a lost folder is reported by the job's own writes
+
+  def release(self) -> None:
+    """Stops the heartbeat and removes the lock file if it is still this run's."""
+    self._stop.set()
+    found = holder_of(self.path.parent)
+    if found is not None and found[0] == self.holder:
+      try:
+        self.path.unlink()
+      except OSError:
+        pass  # the folder is gone or read-only: nothing left to release
+
+
+def refuse_if_held(flag: str, folder) -> None:
+  """Raises UsageError when a live run holds ``folder`` (reads only: a fast check before the job
+  imports jax; ``None`` or a URL: nothing to check)."""
+  found = holder_of(folder) if folder and "://" not in folder else None
+  if found is not None and found[1] is None:
+    raise _in_use(flag, folder, found[0])
