@@ -109,6 +109,9 @@ from shardopt._src.wrappers.inject_hyperparams import (
 )
 from shardopt._src.wrappers.lookahead import lookahead, LookaheadParams, LookaheadState
 from shardopt._src.wrappers.low_precision import low_precision_state
+from shardopt._src.wrappers.low_precision_params import (
+    low_precision_params, LowPrecisionParamsState,
+)
 from shardopt._src.wrappers.masking import freeze, masked, MaskedNode, MaskedState
 from shardopt._src.wrappers.monitoring import (
     measure_with_ema, monitor, MonitorState, snapshot, SnapshotState,
@@ -200,7 +203,7 @@ __all__ = [
     "inject_stateful_hyperparams", "InjectHyperparamsState", "InjectStatefulHyperparamsState",
     "join_schedules", "keep_params_nonnegative", "lamb", "lars", "lbfgs", "LeafPlan",
     "linear_onecycle_schedule", "linear_schedule", "lion", "lookahead", "LookaheadParams",
-    "LookaheadState", "low_precision_state", "make_sharded_optimizer", "masked", "MaskedNode",
+    "LookaheadState", "low_precision_params", "low_precision_state", "LowPrecisionParamsState", "make_sharded_optimizer", "masked", "MaskedNode",
     "MaskedState", "MaskOrFn", "matrix_inverse_pth_root", "measure_with_ema", "microbatch",
     "microbatching", "MomentumType", "monitor", "MonitorState", "multi_normal",
     "multi_transform", "MultiSteps", "MultiStepsState", "MultiTransformState", "nadam",

@@ -126,6 +126,19 @@ def _on_matrices(tx) -> shardopt.GradientTransformation:
                             _by_rank)
 
 
+def _on_bfloat16_params(tx) -> shardopt.GradientTransformationExtraArgs:
+  """``tx`` fed the harness's float32 params and gradients rounded to
+  bfloat16, the params ``low_precision_params`` trains (its updates, exact
+  moves of the bfloat16 params, are then applied to the float32 ones)."""
+  to_bf16 = lambda tree: jax.tree.map(lambda x: x.astype(jnp.bfloat16), tree)
+
+  def update_fn(updates, state, params=None, **extra_args):
+    return tx.update(to_bf16(updates), state, to_bf16(params), **extra_args)
+
+  return shardopt.GradientTransformationExtraArgs(
+      lambda params: tx.init(to_bf16(params)), update_fn)
+
+
 def _on_synced_params(lookahead_tx) -> shardopt.GradientTransformation:
   """A lookahead driven by plain params, its slow params equal to the fast
   ones at every step: the fast half of its updates. (tests/test_lookahead.py
@@ -238,6 +251,8 @@ ENTRIES: tuple[Entry, ...] = (
                         "slow_step_size": 0.5}, finish=_on_synced_params),
     Entry("low_precision_state", {"inner": _ADAM, "dtype": jnp.bfloat16},
           oracle=False),
+    Entry("low_precision_params", {"inner": _ADAM, "correction_bits": 8},
+          finish=_on_bfloat16_params, oracle=False),
     # Quantized moments of the harness's 512-element param: tiles of 16.
     Entry("quantized_state", {"inner": _ADAM, "bits": 8, "block_size": 16,
                               "min_size": 128}, oracle=False, variant="8-bit"),
