@@ -353,16 +353,17 @@ ENTRIES: tuple[Entry, ...] = (
     # Blocked Shampoo and SOAP (shardopt.contrib): optax has neither; each is
     # proven against a NumPy reference in tests/test_shampoo.py, test_soap.py.
     # Refreshes at steps 1 and 3 of the harness's sharded steps. Shampoo's
-    # eps 1e-4: at the default 1e-6 (relative to the largest eigenvalue) the
-    # inverse roots of the 4 x 4 statistics turn the harness's gradients,
-    # computed in the sharded and in the plain program 1 ulp apart, into
-    # preconditioners 5e-6 of their scale apart in 3 steps; given the same
-    # gradients the steps are bit-equal on any mesh
-    # (tests/test_blocked_any_mesh.py).
+    # eps 1e-2: the harness computes the gradients inside the sharded and the
+    # plain program, 1 ulp apart, and compares the states; an inverse root
+    # moves its small eigenvalues' part by about (that rounding / eps) / 4,
+    # so at eps 1e-4 the preconditioners of its 4 x 4 statistics were 3.4e-5
+    # of their scale apart after 3 steps (1e-6: 5e-6 after 3 steps on an
+    # earlier layout). Given the same gradients, the steps are bit-equal on
+    # any mesh (tests/test_blocked_any_mesh.py).
     *(Entry(name, {**kwargs, "block_size": 4, "precondition_frequency": 2},
             namespace="contrib", oracle=False, variant=variant)
       for name, kwargs, variant in (
-          ("shampoo", {**_LR, "eps": 1e-4}, ""),
+          ("shampoo", {**_LR, "eps": 1e-2}, ""),
           ("scale_by_shampoo", {}, ""),
           ("scale_by_shampoo", {"inverse_root_method": "newton",
                                 "grafting": "adagrad"}, "newton, adagrad"),

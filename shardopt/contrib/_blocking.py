@@ -47,7 +47,6 @@ __all__ = [
     "eye_like",
     "from_blocks",
     "gram",
-    "in_layout_of",
     "is_blocked",
     "padding",
     "real_mask",
@@ -147,16 +146,6 @@ def explicit_spec(x) -> tuple | None:
     return None
   spec = tuple(sharding.spec)
   return spec + (None,) * (x.ndim - len(spec))
-
-
-def in_layout_of(x: jax.Array, like: jax.Array) -> jax.Array:
-  """``x`` resharded to ``like``'s layout on Explicit mesh axes (a state
-  split further by ZeRO than its param), unchanged elsewhere."""
-  sharding = getattr(jax.typeof(like), "sharding", None)
-  if sharding is None or jax.sharding.AxisType.Explicit not in getattr(
-      sharding.mesh, "axis_types", ()):
-    return x
-  return jax.sharding.reshard(x, NamedSharding(sharding.mesh, sharding.spec))
 
 
 def _reshape(x, shape, spec_entries):

@@ -114,12 +114,18 @@ def _rule(fn, k, mesh, operand_types, result_types):
 
 
 def _partition(fn, k, mesh, arg_shapes, result_shape):
-  """Every operand and result on the first operand's grid layout, blocks whole."""
-  first = arg_shapes[0].sharding.spec
-  grid = (tuple(first) + (None,) * k)[:k]
+  """Every operand and result on the first operand's grid layout, blocks whole
+  (a program with no mesh to name axes on, e.g. an unsharded ``jit`` under
+  ``jax.sharding.set_mesh``, passes its one replicated layout through)."""
+  first = arg_shapes[0].sharding
+  if not isinstance(first, NamedSharding):
+    if not first.is_fully_replicated:
+      raise ValueError(f"blockwise: operands laid out as {first} on no named mesh.")
+    return (mesh, fn, jax.tree.map(lambda _: first, result_shape),
+            tuple(first for _ in arg_shapes))
+  grid = (tuple(first.spec) + (None,) * k)[:k]
   whole = lambda s: NamedSharding(mesh, P(*grid, *([None] * (len(s.shape) - k))))
-  return (mesh, lambda *operands: fn(*operands),
-          jax.tree.map(whole, result_shape), tuple(map(whole, arg_shapes)))
+  return (mesh, fn, jax.tree.map(whole, result_shape), tuple(map(whole, arg_shapes)))
 
 
 _partitioned.def_partition(_partition, sharding_rule=_rule)

@@ -157,7 +157,6 @@ def scale_by_shampoo(
 
   def update_param(g, stats, preconditioners, acc, mu, count):
     direction, acc = _graft_direction(grafting, g, acc, b2, graft_eps, count)
-    direction = blocking.in_layout_of(direction, g)
     if blocking.is_blocked(g.shape):
       block = tuple(s.shape[-1] for s in stats)
       blocks = blocking.to_blocks(g, block)
