@@ -1,5 +1,6 @@
 """optimistic_adam and optimistic_adam_v2 against optax's."""
 
+import optax
 import pytest
 
 import shardopt
@@ -20,3 +21,9 @@ test_matches_optax = oracle.matches_optax_test([
 def test_schedule_in_first_interface_is_refused():
   with pytest.raises(ValueError, match="optimistic_adam_v2"):
     shardopt.optimistic_adam(lambda count: 0.1)
+
+
+def test_optimistic_adam_is_deprecated_as_in_optax():
+  for lib in (shardopt, optax):
+    with pytest.warns(DeprecationWarning, match="use `optimistic_adam_v2` instead"):
+      lib.optimistic_adam(0.1)

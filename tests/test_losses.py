@@ -186,7 +186,7 @@ def test_deprecated_name_warns():
                              _CTC_LABEL_PAD), ValueError,
      "logits must have rank 3"),
     (lambda: losses.dice_loss(_SEG_LOGITS, _SEG_TARGETS, apply_softmax=False),
-     ValueError, "apply_softmax=True"),
+     ValueError, "valid probability distributions.*apply_softmax=True"),
 ])
 def test_bad_input_names_the_argument(call, error, words):
   with pytest.raises(error, match=words):

@@ -25,8 +25,8 @@ def _check_probabilities(predictions) -> None:
   sums = jnp.sum(predictions, axis=-1)
   if not jnp.allclose(sums, 1.0, rtol=1e-5):
     raise ValueError(
-        "dice_loss: with apply_softmax=False, predictions must be"
-        " probabilities summing to 1 over the class axis; their sums range"
+        "dice_loss: with apply_softmax=False, predictions must be valid"
+        " probability distributions summing to 1 over the class axis; their sums range"
         f" over [{jnp.min(sums):.6f}, {jnp.max(sums):.6f}]. Pass logits with"
         " apply_softmax=True instead")
 

@@ -4,6 +4,7 @@ beyond Adam/SGD: each is a chain of a direction, optional weight decay and the
 """
 
 from typing import Any
+import warnings
 
 import jax
 
@@ -115,7 +116,8 @@ def optimistic_adam(
     *,
     nesterov: bool = True,
 ) -> base.GradientTransformationExtraArgs:
-  """Optimistic Adam with optax's first interface (a numeric learning rate).
+  """Optimistic Adam with optax's first interface (a numeric learning rate);
+  deprecated as in optax (a ``DeprecationWarning``): use ``optimistic_adam_v2``.
 
   With ``r_t`` Adam's (Nesterov) direction, the update is
   ``-(learning_rate * r_t + optimism * (r_t - r_{t-1}))``. For a schedule
@@ -144,6 +146,8 @@ def optimistic_adam(
     Daskalakis et al., "Training GANs with Optimism", ICLR 2018
     (https://arxiv.org/abs/1711.00141).
   """
+  warnings.warn("`optimistic_adam` is deprecated (as in optax), please use"
+                " `optimistic_adam_v2` instead.", DeprecationWarning, stacklevel=2)
   if callable(learning_rate):
     raise ValueError(
         "optimistic_adam: learning_rate must be a number, not a schedule; use"

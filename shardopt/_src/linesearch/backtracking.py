@@ -37,8 +37,8 @@ def split_fn_kwargs(caller: str, value_fn: Callable, extra_args: dict) -> dict:
   unknown = sorted(k for k in extra_args if k not in accepted)
   if unknown:
     raise TypeError(
-        f"{caller}.update got keyword arguments {unknown} that value_fn does"
-        " not accept: pass only the objective's own keyword arguments"
+        f"Unexpected keyword arguments {unknown} for {caller}.update: value_fn does"
+        " not accept them; pass only the objective's own keyword arguments"
     )
   return dict(extra_args)
 
@@ -237,12 +237,17 @@ def _find_field(state: Any, name: str) -> list:
 
 
 def _unique_field(state: Any, name: str):
+  """The one field ``name`` of ``state``: KeyError when there are several,
+  ValueError when there is none (or it is None), as optax raises them."""
   found = _find_field(state, name)
-  if len(found) != 1 or found[0] is None:
-    raise ValueError(
+  if len(found) > 1:
+    raise KeyError(
         f"value_and_grad_from_state: expected exactly one {name!r} in the"
-        f" optimizer state, found {len(found)} (or None): use a line search"
-        " that stores it (store_grad=True for the backtracking one)"
+        f" optimizer state, found {len(found)}: chain one line search that stores it")
+  if not found or found[0] is None:
+    raise ValueError(
+        f"value_and_grad_from_state: no {name!r} in the optimizer state: use a line"
+        " search that stores it (store_grad=True for the backtracking one)"
     )
   return found[0]
 
