@@ -5,7 +5,7 @@ the job can set XLA_FLAGS (simulated CPU devices) from the arguments first.
 the job runs) adds ``--config FILE`` and, with ``--resume``, the run's saved
 flags. Both check every argument that can be checked without devices
 (``check_args``) and fill the defaults that depend on other flags
-(``finish``: --lr per optimizer, --schedule-steps); the mesh and what depends
+(``finish``: --lr and --schedule per optimizer, --schedule-steps); the mesh and what depends
 on it are checked by the job before it creates anything. A bad argument is a
 ``UsageError``: ``train.main`` prints it as one ``error: ...`` line and exits 2.
 """
@@ -92,8 +92,10 @@ def _add_optimizer(p) -> None:
                    help="passed to the optimizer if given (its default otherwise)")
   g.add_argument("--opt", type=_key_value, action="append", default=[], metavar="NAME=NUMBER",
                  help="any other keyword argument of the optimizer; repeatable")
-  g.add_argument("--schedule", default="warmup_cosine",
-                 choices=("constant", "cosine", "warmup_cosine", "linear"))
+  g.add_argument("--schedule", default=None,
+                 choices=("constant", "cosine", "warmup_cosine", "linear"),
+                 help="default warmup_cosine; constant for an optimizer with a line search"
+                 " (lbfgs)")
   g.add_argument("--schedule-steps", type=int, default=None,
                  help="horizon of the cosine/linear schedule; default --steps. Keep it when"
                  " a resume extends --steps, so the learning rate does not jump")
@@ -299,13 +301,15 @@ def explicit_flags(argv: list[str]) -> dict:
 
 def finish(values: dict) -> argparse.Namespace:
   """The checked arguments: the parser's defaults updated by ``values``; --lr
-  defaults to the optimizer's (``defaults.learning_rate``), --schedule-steps
+  and --schedule default to the optimizer's (``defaults``), --schedule-steps
   to --steps."""
   args = parser().parse_args([])
   vars(args).update(values)
   check_args(args)
   if args.lr is None:
     args.lr = defaults.learning_rate(args.optimizer)
+  if args.schedule is None:
+    args.schedule = defaults.schedule(args.optimizer)
   if args.schedule_steps is None:
     args.schedule_steps = args.steps
   _check_warmup(args, "warmup_steps" in values)

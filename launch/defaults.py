@@ -8,9 +8,17 @@ and tests/test_launch_config.py checks that this table equals its best rates.
 The schedule default (warmup-cosine) is the one the sweep ran for every
 optimizer. ``adam`` takes ``adamw``'s rate (not swept on its own); an
 optimizer outside the table takes ``FALLBACK`` (not swept).
+
+An optimizer whose line search picks the step length (``LINE_SEARCH``, not
+swept) takes the rate its method defines, 1.0 (the rate scales the direction
+the search starts from), and a constant schedule: L-BFGS from a warmup at 0
+never moves, in shardopt as in optax (the first step is zero, and its
+curvature pair, a zero param difference against a nonzero gradient
+difference between two batches, scales every later direction to zero).
 """
 
-__all__ = ["FALLBACK", "LEARNING_RATES", "SOURCE", "describe", "learning_rate"]
+__all__ = ["FALLBACK", "LEARNING_RATES", "LINE_SEARCH", "SOURCE", "describe",
+           "learning_rate", "schedule", "source"]
 
 SOURCE = "benchmarks/results/matrix_optimizers.md"
 LEARNING_RATES = {
@@ -18,14 +26,26 @@ LEARNING_RATES = {
     "adafactor": 0.1, "sgd": 1.0, "lion": 0.003,
 }
 FALLBACK = 3e-3
+LINE_SEARCH = {"lbfgs": 1.0}
 
 
 def learning_rate(optimizer: str) -> float:
   """The default --lr of ``optimizer``."""
-  return LEARNING_RATES.get(optimizer, FALLBACK)
+  return LEARNING_RATES.get(optimizer, LINE_SEARCH.get(optimizer, FALLBACK))
+
+
+def source(optimizer: str) -> str:
+  """Where the default --lr of ``optimizer`` comes from."""
+  return SOURCE if optimizer in LEARNING_RATES else "not swept, launch/defaults.py"
+
+
+def schedule(optimizer: str) -> str:
+  """The default --schedule of ``optimizer``."""
+  return "constant" if optimizer in LINE_SEARCH else "warmup_cosine"
 
 
 def describe() -> str:
   """The table in one line (for --help)."""
   rates = ", ".join(f"{name} {lr:g}" for name, lr in LEARNING_RATES.items())
-  return f"{rates}; any other {FALLBACK:g}"
+  searches = ", ".join(f"{name} {lr:g}" for name, lr in LINE_SEARCH.items())
+  return f"{rates}; any other {FALLBACK:g}; {searches} (line search, constant schedule)"

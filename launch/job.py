@@ -110,7 +110,7 @@ def _describe(args, mesh, rules, specs, abstract, state, opt) -> None:
        f" ({jax.local_device_count()} local, {jax.devices()[0].platform})",
        f"mesh: {dict(mesh.shape)}",
        f"optimizer: {args.optimizer}  lr: {args.lr:g} (default for {args.optimizer}:"
-       f" {defaults.learning_rate(args.optimizer):g}, {defaults.SOURCE})"
+       f" {defaults.learning_rate(args.optimizer):g}, {defaults.source(args.optimizer)})"
        f"  schedule: {args.schedule}  ZeRO: {args.zero}",
        "", f"partition rules (preset {args.rules!r}):",
        partitioning.rule_table(rules, abstract, specs),
@@ -207,8 +207,7 @@ def _train(args, mesh, model, opt, evaluation, initial, manager, guard, config, 
   batch = lambda step: data.sharded_batch(corpus, args.seed, step, args.batch, args.seq_len,
                                           mesh)
   train_step, flops = throughput.compile_step(
-      steps.train_step(opt, loss_fn, NamedSharding(mesh, P("data", None))),
-      params, opt_state, batch(start))
+      steps.train_step(opt, loss_fn), params, opt_state, batch(start))
   peak = throughput.peak_flops(args.peak_tflops)
   _say(evaluation.describe(args),
        f"FLOPs per step: {flops / 1e9:.3g} GFLOP (XLA's cost analysis of the compiled step,"
@@ -230,7 +229,8 @@ def _train(args, mesh, model, opt, evaluation, initial, manager, guard, config, 
     window.start(step)
     while step < args.steps and not stop.agreed():
       profile.before(step + 1)
-      params, opt_state, stats = train_step(params, opt_state, batch(step))
+      params, opt_state, loss, norms = train_step(params, opt_state, batch(step))
+      stats = steps.stats(loss, norms)
       step += 1
       profile.after(step, stats)
       pending.append((step, stats, *guard.per_step(opt_state)))

@@ -2,12 +2,13 @@
 the held-out loss, and a greedy sample. Each is one jitted program on the
 training mesh, reading the params in their training shardings.
 
-``train_step`` is ``ShardedOptimizer.train_step``'s program (loss, gradients
-and the optimizer's update, params and state donated, gradients kept in the
-params' layout) that also returns, computed inside the program, the global
-norms of the gradients (before any clipping the optimizer does), of the
-update applied and of the new params: they come back with the loss, as
-replicated device scalars, and cost no host sync of their own.
+``train_step`` is ``ShardedOptimizer.train_step`` with the global norms of
+the gradients (before any clipping the optimizer does), of the update applied
+and of the new params computed inside the program
+(``shardopt.sharding.global_norms``): they come back with the loss, as
+replicated device scalars, and cost no host sync of their own. The update
+runs as ``opt.update`` does (ZeRO update layout, the extra arguments L-BFGS
+and the line searches read).
 """
 
 import jax
@@ -18,7 +19,7 @@ from jax.sharding import PartitionSpec as P
 import shardopt
 from launch.model import greedy_continue
 
-__all__ = ["STATS", "eval_loss", "greedy_sample", "train_step"]
+__all__ = ["STATS", "eval_loss", "greedy_sample", "stats", "train_step"]
 
 STATS = ("loss", "grad_norm", "update_norm", "param_norm")
 
@@ -27,24 +28,16 @@ def _replicated(shardings):
   return NamedSharding(jax.tree.leaves(shardings)[0].mesh, P())
 
 
-def train_step(opt, loss_fn, batch_sharding):
-  """``(params, state, batch) -> (params, state, stats)``, ``stats`` a dict of
-  the scalars named in ``STATS``; params and state donated (use only the
-  returned ones)."""
-  param_shardings = opt.param_shardings
+def train_step(opt, loss_fn) -> shardopt.sharding.TrainStep:
+  """``(params, state, batch) -> (params, state, loss, norms)``, ``norms`` the
+  dict of ``global_norms``; params and state donated (use only the returned
+  ones). ``stats(loss, norms)`` is the dict of the scalars named in ``STATS``."""
+  return opt.train_step(loss_fn, metrics=shardopt.sharding.global_norms)
 
-  def step(params, state, batch):
-    loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-    grads = jax.lax.with_sharding_constraint(grads, param_shardings)
-    updates, new_state = opt.tx.update(grads, state, params)
-    new_params = shardopt.apply_updates(params, updates)
-    norms = [shardopt.global_norm(tree) for tree in (grads, updates, new_params)]
-    return new_params, new_state, dict(zip(STATS, [loss, *norms]))
 
-  return jax.jit(step, in_shardings=(param_shardings, opt.state_shardings, batch_sharding),
-                 out_shardings=(param_shardings, opt.state_shardings,
-                                _replicated(param_shardings)),
-                 donate_argnums=(0, 1), keep_unused=True)
+def stats(loss, norms) -> dict:
+  """The step's scalars by their ``STATS`` names."""
+  return {"loss": loss, **norms}
 
 
 def eval_loss(loss_fn, param_shardings, batches_sharding):
