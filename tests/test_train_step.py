@@ -1,6 +1,8 @@
 """opt.train_step: loss, gradients and update in one donated program, equal
 to the two-program path (a jitted value_and_grad, then opt.update)."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
@@ -125,3 +127,305 @@ def test_explicit_mesh_one_program_equals_two_programs():
     one, one_state, _ = train_step(one, one_state, batch)
   for got, want in zip(jax.tree.leaves(one), jax.tree.leaves(two)):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+# --- train_step's options against the unsharded step computed by hand -----
+#
+# A model whose loss is valid on Explicit axes as on Auto: no contraction of
+# two sharded dimensions (w2's hidden dimension is reduced by a sum).
+HIDDEN = 64
+MLP_SPECS = {"w1": P(None, "model"), "w2": P("model", None), "b": P()}
+
+
+def _mlp_params(hidden=HIDDEN):
+  k1, k2 = jax.random.split(jax.random.PRNGKey(1))
+  return {"w1": jax.random.normal(k1, (16, hidden)) / 4,
+          "w2": jax.random.normal(k2, (hidden, 8)) / hidden**0.5,
+          "b": jnp.zeros((8,))}
+
+
+def _predict(params, x, key=None):
+  h = jnp.tanh(x @ params["w1"])
+  if key is not None:  # dropout, rate 1/2
+    h = jnp.where(jax.random.bernoulli(key, 0.5, h.shape), 2 * h, 0.0)
+  return jnp.sum(h[:, :, None] * params["w2"], axis=1) + params["b"]
+
+
+def _mse(params, batch, key=None):
+  return jnp.mean((_predict(params, batch["x"], key) - batch["y"]) ** 2)
+
+
+def _mlp_batch(step, rows=32):
+  kx, ky = jax.random.split(jax.random.PRNGKey(200 + step))
+  return {"x": jax.random.normal(kx, (rows, 16)), "y": jax.random.normal(ky, (rows, 8))}
+
+
+def _sharded(tx, axis_types="auto", zero="data", donate=True, hidden=HIDDEN):
+  mesh = partitioning.make_mesh({"data": 4, "model": 2}, axis_types=axis_types)
+  shardings = partitioning.named_shardings(mesh, MLP_SPECS)
+  opt = shardopt.make_sharded_optimizer(tx, _mlp_params(hidden), shardings,
+                                        shard_state_over=zero, min_shard_bytes=0,
+                                        donate=donate)
+  # With ZeRO, tx.update sees grads and params split over 'data' as well.
+  same = [u.is_equivalent_to(s, x.ndim) for u, s, x in zip(
+      *map(jax.tree.leaves, (opt.update_shardings, shardings, _mlp_params(hidden))))]
+  assert all(same) == (zero is None)
+  params = jax.device_put(jax.tree.map(jnp.copy, _mlp_params(hidden)), shardings)
+  return opt, params, opt.init(params)
+
+
+def _reference_step(tx, loss_fn, has_aux=False):
+  """The unsharded step by hand: ``jax.value_and_grad``, then ``tx.update``
+  with the extra arguments of a line search."""
+
+  @jax.jit
+  def step(params, state, batch, *key):
+    value_fn = lambda p: loss_fn(p, batch, *key)
+    out, grads = jax.value_and_grad(value_fn, has_aux=has_aux)(params)
+    value = out[0] if has_aux else out
+    extra = {"value": value, "grad": grads, "value_fn":
+             (lambda p: value_fn(p)[0]) if has_aux else value_fn}
+    updates, state = shardopt.with_extra_args_support(tx).update(
+        grads, state, params, **extra)
+    return shardopt.apply_updates(params, updates), state, out
+
+  return step
+
+
+def _assert_trees_close(got, want, rtol, atol=0.0):
+  assert jax.tree.structure(got) == jax.tree.structure(want)
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=rtol, atol=atol)
+
+
+def test_has_aux_returns_loss_and_aux_like_value_and_grad():
+  def loss_fn(params, batch):
+    pred = _predict(params, batch["x"])
+    return _mse(params, batch), {"pred_mean": jnp.mean(pred), "count": pred.shape[0]}
+
+  tx = shardopt.adam(1e-2)
+  opt, params, state = _sharded(tx)
+  train_step = opt.train_step(loss_fn, has_aux=True)
+  ref = _reference_step(tx, loss_fn, has_aux=True)
+  ref_params, ref_state = _mlp_params(), tx.init(_mlp_params())
+  for step in range(2):
+    params, state, (loss, aux) = train_step(params, state, _mlp_batch(step))
+    ref_params, ref_state, (ref_loss, ref_aux) = ref(ref_params, ref_state, _mlp_batch(step))
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+    _assert_trees_close(aux, ref_aux, rtol=1e-6)
+  assert int(aux["count"]) == 32
+  _assert_trees_close((params, state), (ref_params, ref_state), rtol=1e-5, atol=1e-7)
+
+
+_LINE_SEARCHES = {
+    "lbfgs": shardopt.lbfgs,  # zoom line search (value, grad, value_fn)
+    "sgd+backtracking": lambda: shardopt.chain(
+        shardopt.sgd(2.0), shardopt.scale_by_backtracking_linesearch(
+            max_backtracking_steps=15, max_learning_rate=2.0)),
+}
+
+
+@functools.cache
+def _line_search_reference(name, steps):
+  tx = _LINE_SEARCHES[name]()
+  step = _reference_step(tx, _mse)
+  params, state, out = _mlp_params(), tx.init(_mlp_params()), []
+  for i in range(steps):
+    params, state, loss = step(params, state, _mlp_batch(0))
+    out.append((params, state, loss))
+  return out
+
+
+@pytest.mark.parametrize("zero", [None, "data"])
+@pytest.mark.parametrize("axis_types", ["auto", "explicit"])
+@pytest.mark.parametrize("name", list(_LINE_SEARCHES))
+def test_line_searches_train_through_train_step(name, axis_types, zero):
+  """``value``, ``grad`` and ``value_fn`` reach ``tx.update``: L-BFGS with
+  its zoom line search and a backtracking search after SGD equal the
+  unsharded step within 1e-5 over 3 steps on one batch, with and without
+  ZeRO."""
+  opt, params, state = _sharded(_LINE_SEARCHES[name](), axis_types, zero)
+  train_step = opt.train_step(_mse)
+  reference = _line_search_reference(name, 3)
+  for step, (ref_params, ref_state, ref_loss) in enumerate(reference):
+    params, state, loss = train_step(params, state, _mlp_batch(0))
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+  _assert_trees_close((params, state), (ref_params, ref_state), rtol=1e-5, atol=1e-6)
+  losses = [loss for *_, loss in reference]
+  assert losses[0] > losses[1] > losses[2]  # each search found a decrease
+  for leaf, sharding in zip(jax.tree.leaves(state), jax.tree.leaves(opt.state_shardings)):
+    assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim)
+
+
+def _rows(batch, i, k):
+  """Microbatch ``i`` of ``k``: rows ``i, i + k, ...`` of every leaf."""
+  return jax.tree.map(lambda x: x[i::k], batch)
+
+
+def _reference_microbatch_step(tx, k):
+  """By hand: the mean of the k microbatches' losses and gradients (each
+  with ``fold_in(key, i)`` when a key is given), then ``tx.update``."""
+
+  @jax.jit
+  def step(params, state, batch, *key):
+    losses, grads = zip(*[jax.value_and_grad(_mse)(
+        params, _rows(batch, i, k), *[jax.random.fold_in(kk, i) for kk in key])
+                          for i in range(k)])
+    grads = jax.tree.map(lambda *g: sum(g) / k, *grads)
+    updates, state = tx.update(grads, state, params)
+    return shardopt.apply_updates(params, updates), state, sum(losses) / k
+
+  return step
+
+
+@pytest.mark.parametrize("axis_types", ["auto", "explicit"])
+def test_microbatches_equal_the_one_batch_step(axis_types):
+  """microbatches=4 with ZeRO: the loss is a mean over examples, so the mean
+  over 4 microbatches of 8 rows is the one-batch step on 32 rows."""
+  tx = shardopt.adam(1e-2)
+  opt, params, state = _sharded(tx, axis_types)
+  one_params = jax.tree.map(jnp.copy, params)
+  one_state = jax.tree.map(jnp.copy, state)
+  micro, one = opt.train_step(_mse, microbatches=4), opt.train_step(_mse)
+  ref = _reference_step(tx, _mse)
+  ref_params, ref_state = _mlp_params(), tx.init(_mlp_params())
+  for step in range(2):
+    batch = _mlp_batch(step)
+    params, state, loss = micro(params, state, batch)
+    one_params, one_state, one_loss = one(one_params, one_state, batch)
+    ref_params, ref_state, ref_loss = ref(ref_params, ref_state, batch)
+    np.testing.assert_allclose(loss, one_loss, rtol=1e-6)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+  _assert_trees_close((params, state), (one_params, one_state), rtol=1e-6, atol=1e-7)
+  _assert_trees_close((params, state), (ref_params, ref_state), rtol=1e-6, atol=1e-7)
+
+
+def test_microbatches_need_less_temporary_memory_where_activations_dominate():
+  """A 512-wide hidden layer on 256 rows: the activations, not the 12K
+  params, fill the step's temporaries; 4 microbatches hold a quarter of
+  them at a time (benchmarks/microbatches.py measures the demo model)."""
+  opt, params, state = _sharded(shardopt.adam(1e-2), hidden=512)
+  batch = _mlp_batch(0, rows=256)
+  temp = {k: opt.train_step(_mse, microbatches=k).lower(params, state, batch).compile()
+          .memory_analysis().temp_size_in_bytes for k in (1, 4)}
+  param_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
+  assert temp[1] > 10 * param_bytes  # activations dominate
+  assert temp[4] < temp[1] / 2, temp  # measured: 440,112 against 1,704,288 bytes
+
+
+@pytest.mark.parametrize("microbatches", [1, 2])
+def test_a_scalar_batch_leaf_is_replicated(microbatches):
+  def loss_fn(params, batch):
+    return batch["weight"] * _mse(params, batch)
+
+  tx = shardopt.sgd(0.1)
+  opt, params, state = _sharded(tx)
+  batch = {**_mlp_batch(0), "weight": jnp.float32(3.0)}
+  train_step = opt.train_step(loss_fn, microbatches=microbatches)
+  (_, _, shardings), _ = train_step.lower(params, state, batch).compile().input_shardings
+  assert shardings["weight"].is_fully_replicated
+  assert shardings["x"].spec == P("data")
+  params, _, loss = train_step(params, state, batch)
+  ref_params, _, ref_loss = _reference_step(tx, loss_fn)(_mlp_params(), tx.init(_mlp_params()),
+                                                         batch)
+  np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+  _assert_trees_close(params, ref_params, rtol=1e-6, atol=1e-7)
+
+
+def test_an_indivisible_batch_leaf_is_an_error_naming_it_and_the_axis_size():
+  opt, params, state = _sharded(shardopt.sgd(0.1))
+  batch = {"x": jnp.ones((30, 16)), "y": jnp.ones((32, 8))}
+  with pytest.raises(ValueError, match=r"batch\['x'\] has shape \(30, 16\); dimension 0 "
+                     r"\(30\) must be a multiple of 4 \('data': 4 devices\)"):
+    opt.train_step(_mse)(params, state, batch)
+  with pytest.raises(ValueError, match=r"batch\['y'\] has shape \(24, 8\); dimension 0 \(24\) "
+                     r"must be a multiple of 16 \('data': 4 devices x 4 microbatches\)"):
+    opt.train_step(_mse, microbatches=4)(params, state, {"x": jnp.ones((32, 16)),
+                                                         "y": jnp.ones((24, 8))})
+  with pytest.raises(ValueError, match=r"batch\['x'\] has shape \(6, 16\); its leading "
+                     r"dimension must be a multiple of microbatches=4"):
+    opt.train_step(_mse, microbatches=4, batch_spec=P())(params, state, _rows(batch, 0, 5))
+  assert not params["w1"].is_deleted()  # refused before the step ran
+
+
+@pytest.mark.parametrize("form", ["callable", "spec tree"])
+def test_a_batch_spec_states_the_layout(form):
+  """x split over both axes (data x model = 8 ways), y replicated; the
+  numbers are the unsharded step's."""
+  both = P(("data", "model"))
+  batch_spec = ((lambda path, shape: both if path == "['x']" else P()) if form == "callable"
+                else {"x": both, "y": P()})
+  tx = shardopt.sgd(0.1)
+  opt, params, state = _sharded(tx)
+  train_step = opt.train_step(_mse, batch_spec=batch_spec)
+  batch = _mlp_batch(0, rows=16)  # 16 rows: a multiple of 8, not of 32
+  (_, _, shardings), _ = train_step.lower(params, state, batch).compile().input_shardings
+  assert shardings["x"].spec == both and shardings["y"].is_fully_replicated
+  params, _, loss = train_step(params, state, batch)
+  ref_params, _, ref_loss = _reference_step(tx, _mse)(_mlp_params(), tx.init(_mlp_params()),
+                                                      batch)
+  np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+  _assert_trees_close(params, ref_params, rtol=1e-6, atol=1e-7)
+
+
+def test_a_batch_spec_tree_that_is_not_a_prefix_is_named():
+  opt, params, state = _sharded(shardopt.sgd(0.1))
+  step = opt.train_step(_mse, batch_spec={"x": P("data"), "labels": P()})
+  with pytest.raises(ValueError, match="batch_spec is not a prefix of the batch's tree"):
+    step(params, state, _mlp_batch(0))
+
+
+@pytest.mark.parametrize("microbatches", [1, 4])
+def test_a_prng_key_reaches_the_loss(microbatches):
+  """Dropout: the same key gives the same loss and update, another key
+  another loss; microbatch i gets fold_in(key, i) (checked by hand)."""
+  tx = shardopt.sgd(0.1)
+  opt, params, state = _sharded(tx, donate=False)
+  train_step = opt.train_step(_mse, with_key=True, microbatches=microbatches)
+  batch, key = _mlp_batch(0), jax.random.key(7)
+  new, _, loss = train_step(params, state, batch, key)
+  again, _, loss_again = train_step(params, state, batch, key)
+  _, _, other = train_step(params, state, batch, jax.random.key(8))
+  assert float(loss) == float(loss_again) and float(loss) != float(other)
+  _assert_trees_close(new, again, rtol=0)
+  ref = (_reference_step(tx, _mse) if microbatches == 1 else
+         _reference_microbatch_step(tx, microbatches))
+  ref_params, _, ref_loss = ref(_mlp_params(), tx.init(_mlp_params()), batch, key)
+  np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+  _assert_trees_close(new, ref_params, rtol=1e-6, atol=1e-7)
+  with pytest.raises(TypeError, match="with_key=True: pass the step's PRNG key"):
+    train_step(params, state, batch)
+
+
+def test_metrics_global_norms_by_hand():
+  tx = shardopt.chain(shardopt.clip_by_global_norm(0.1), shardopt.sgd(0.5))
+  opt, params, state = _sharded(tx)
+  train_step = opt.train_step(_mse, metrics=shardopt.sharding.global_norms)
+  new, _, _, norms = train_step(params, state, _mlp_batch(0))
+  grads = jax.grad(_mse)(_mlp_params(), _mlp_batch(0))
+  norm = lambda tree: np.sqrt(sum(np.sum(np.float64(x) ** 2) for x in jax.tree.leaves(tree)))
+  np.testing.assert_allclose(norms["grad_norm"], norm(grads), rtol=1e-5)
+  assert norm(grads) > 0.1  # clipped: the update's norm is 0.5 * 0.1
+  np.testing.assert_allclose(norms["update_norm"], 0.05, rtol=1e-5)
+  np.testing.assert_allclose(norms["param_norm"], norm(new), rtol=1e-6)
+  assert all(v.sharding.is_fully_replicated for v in norms.values())
+
+
+def _probe():
+  """No update; its state records ``value`` and ``value_fn(params)``."""
+  def update(updates, state, params=None, *, value, value_fn, **extra):
+    del state, extra
+    return jax.tree.map(jnp.zeros_like, updates), (value, value_fn(params))
+  return shardopt.GradientTransformationExtraArgs(
+      lambda params: (jnp.zeros(()), jnp.zeros(())), update)
+
+
+@pytest.mark.parametrize("axis_types", ["auto", "explicit"])
+def test_value_fn_at_the_params_is_the_value(axis_types):
+  """A line search compares value_fn's values with value: with ZeRO,
+  dropout keys and 4 microbatches, value_fn(params) is value."""
+  opt, params, state = _sharded(_probe(), axis_types)
+  train_step = opt.train_step(_mse, with_key=True, microbatches=4)
+  _, (value, at_params), loss = train_step(params, state, _mlp_batch(0), jax.random.key(3))
+  np.testing.assert_allclose(at_params, value, rtol=1e-6)
+  np.testing.assert_allclose(value, loss, rtol=0)

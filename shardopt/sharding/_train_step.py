@@ -6,10 +6,13 @@ the params' layout (the backward pass keeps it, as in the two-program step)
 and the update runs through ``update_in_layout``, like ``opt.update``.
 
 * ``has_aux``: ``loss_fn`` returns ``(loss, aux)`` and the step returns
-  ``(loss, aux)`` where the loss was, as ``jax.value_and_grad`` does.
+  ``(loss, aux)`` where the loss was, as ``jax.value_and_grad`` does (with
+  microbatches, each aux leaf stacked over them: a leading dimension k).
 * Extra arguments: ``tx.update`` receives those named in ``extra_args``
   of ``value`` (the loss), ``grad`` (the gradients), ``value_fn`` and
-  ``obj_fn`` (the loss as a function of the params on this batch); the
+  ``obj_fn`` (the loss as a function of the params on this batch, computed
+  as ``value`` was: same microbatches and keys; it takes params in any
+  layout and lays them out in the params' own); the
   default, ``value``, ``grad`` and ``value_fn``, is what L-BFGS, the line
   searches and Polyak's step read (Sophia reads ``obj_fn``).
   Transformations that take none ignore them.
@@ -95,6 +98,12 @@ def _split_microbatches(x, k: int):
   return jnp.moveaxis(grouped, 1, 0)
 
 
+def _microbatch(parts, i, key):
+  """Microbatch ``i`` of the split batch and its key, ``fold_in(key, i)``."""
+  return (jax.tree.map(lambda x: x[i], parts),
+          None if key is None else jax.random.fold_in(key, i))
+
+
 def _loss_and_grads(loss_fn, has_aux, with_key, params, batch, key):
   """``((loss, aux), grads)`` of one (micro)batch; aux None without it."""
   args = (params, batch) + ((key,) if with_key else ())
@@ -153,6 +162,7 @@ def make_train_step(opt, loss_fn: Callable, *, has_aux: bool = False,
   param_shardings, update_shardings = opt.param_shardings, opt.update_shardings
   loss_and_grads = functools.partial(_loss_and_grads, loss_fn, has_aux,
                                      with_key)
+  loss_only = functools.partial(_loss_only, loss_fn, has_aux, with_key)
 
   def gradients(params, batch, key):
     if microbatches == 1:
@@ -162,9 +172,7 @@ def make_train_step(opt, loss_fn: Callable, *, has_aux: bool = False,
     zeros = in_layout(jax.tree.map(jnp.zeros_like, params), update_shardings)
 
     def accumulate(total, i):
-      part = jax.tree.map(lambda x: x[i], parts)
-      part_key = None if key is None else jax.random.fold_in(key, i)
-      (loss, aux), grads = loss_and_grads(params, part, part_key)
+      (loss, aux), grads = loss_and_grads(params, *_microbatch(parts, i, key))
       grads = in_layout(in_layout(grads, param_shardings), update_shardings)
       return (jax.tree.map(jnp.add, total[0], grads),
               total[1] + loss.astype(jnp.float32)), aux
@@ -175,9 +183,24 @@ def make_train_step(opt, loss_fn: Callable, *, has_aux: bool = False,
     grads = jax.tree.map(lambda g: g / microbatches, total)
     return loss_sum / microbatches, aux, grads
 
+  def value_of(params, batch, key):
+    """The loss ``gradients`` returns, as a function of the params: a line
+    search compares its values with that loss. ``tx.update`` calls it on
+    params in their update layout: back to the params' own, or on Explicit
+    axes the ZeRO axis meets the batch's inside the loss."""
+    params = in_layout(params, param_shardings)
+    if microbatches == 1:
+      return loss_only(params, batch, key)
+    parts = jax.tree.map(lambda x: _split_microbatches(x, microbatches), batch)
+    add = lambda total, i: (total + loss_only(
+        params, *_microbatch(parts, i, key)).astype(jnp.float32), None)
+    total, _ = jax.lax.scan(add, jnp.zeros((), jnp.float32),
+                            jnp.arange(microbatches))
+    return total / microbatches
+
   def step(params, state, batch, key=None):
     loss, aux, grads = gradients(params, batch, key)
-    value_fn = lambda p: _loss_only(loss_fn, has_aux, with_key, p, batch, key)
+    value_fn = lambda p: value_of(p, batch, key)
     offered = {"value": loss, "grad": grads, "value_fn": value_fn,
                "obj_fn": value_fn}
     updates, new_state = update_in_layout(
