@@ -368,11 +368,18 @@ def test_a_batch_spec_states_the_layout(form):
   _assert_trees_close(params, ref_params, rtol=1e-6, atol=1e-7)
 
 
-def test_a_batch_spec_tree_that_is_not_a_prefix_is_named():
+def test_bad_batch_specs_are_named():
   opt, params, state = _sharded(shardopt.sgd(0.1))
-  step = opt.train_step(_mse, batch_spec={"x": P("data"), "labels": P()})
+  batch = _mlp_batch(0)
+  step = lambda spec: opt.train_step(_mse, batch_spec=spec)(params, state, batch)
   with pytest.raises(ValueError, match="batch_spec is not a prefix of the batch's tree"):
-    step(params, state, _mlp_batch(0))
+    step({"x": P("data"), "labels": P()})
+  with pytest.raises(ValueError, match=r"P\('data', 'dta'\) of batch\['x'\] names \['dta'\], "
+                     r"not axes of the mesh \{'data': 4, 'model': 2\}"):
+    step({"x": P("data", "dta"), "y": P()})
+  with pytest.raises(TypeError, match=r"batch_spec gave None for batch\['x'\]"):
+    step(lambda path, shape: None)
+  assert not params["w1"].is_deleted()
 
 
 @pytest.mark.parametrize("microbatches", [1, 4])

@@ -63,6 +63,15 @@ class BatchLayout:
 
   def _sharding(self, path: str, shape: tuple) -> NamedSharding:
     spec = self.rule(path, shape)
+    if not isinstance(spec, P):
+      raise TypeError(f"train_step: batch_spec gave {spec!r} for batch{path}; "
+                      "expected a PartitionSpec.")
+    names = [n for e in spec for n in (e if isinstance(e, tuple) else (e,))]
+    unknown = sorted({n for n in names if n is not None} - set(self.mesh.shape))
+    if unknown:
+      raise ValueError(
+          f"train_step: the batch spec {spec} of batch{path} names {unknown},"
+          f" not axes of the mesh {dict(self.mesh.shape)}.")
     if len(spec) > len(shape):
       raise ValueError(f"train_step: batch{path} has shape {shape}, but its "
                        f"batch spec {spec} names {len(spec)} dimensions.")
