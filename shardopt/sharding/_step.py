@@ -41,6 +41,9 @@ from shardopt.sharding._derivation import StatePlan
 from shardopt.sharding._derivation import plan_state_shardings
 from shardopt.sharding._layouts import typed
 from shardopt.sharding._layouts import update_in_layout
+from shardopt.sharding._memory import in_memory
+from shardopt.sharding._memory import to_device
+from shardopt.sharding._memory import to_home
 from shardopt.sharding._train_step import TrainStep
 from shardopt.sharding._train_step import make_train_step
 from shardopt.sharding._zero import DEFAULT_MIN_SHARD_BYTES
@@ -108,18 +111,20 @@ def sharded_update(tx, param_shardings, state_shardings, *,
   Grads are read in ``param_shardings`` and handed to ``tx.update``, with
   the params, in ``update_shardings`` (default the params' own; pass
   ``plan.update_shardings`` of a ZeRO plan); the new params and state are
-  written in ``param_shardings`` and ``state_shardings``. With ``donate``
-  (default) the state and params passed in are consumed: reuse only the
-  returned ones.
+  written in ``param_shardings`` and ``state_shardings``. State whose
+  shardings name another memory kind (``make_sharded_optimizer``'s
+  ``state_memory_kind``) is moved to device memory and back inside the
+  step. With ``donate`` (default) the state and params passed in are
+  consumed: reuse only the returned ones.
   """
   layout = param_shardings if update_shardings is None else update_shardings
 
   def step(params, grads, state, arrays, callables):
     check_grads(grads, params)  # while tracing: once per signature
     updates, new_state = update_in_layout(
-        tx, grads, state, params, layout, param_shardings, **arrays,
-        **dict(callables))
-    return apply_updates(params, updates), new_state
+        tx, grads, to_device(state, state_shardings), params, layout,
+        param_shardings, **arrays, **dict(callables))
+    return apply_updates(params, updates), to_home(new_state, state_shardings)
 
   return ShardedUpdate(jax.jit(
       step,
@@ -159,7 +164,9 @@ class ShardedOptimizer(NamedTuple):
 def make_sharded_optimizer(tx, params, param_shardings, *,
                            shard_state_over: str | None = None,
                            min_shard_bytes: int = DEFAULT_MIN_SHARD_BYTES,
-                           donate: bool = True) -> ShardedOptimizer:
+                           donate: bool = True,
+                           state_memory_kind: str | None = None
+                           ) -> ShardedOptimizer:
   """Derives the state shardings of ``tx`` (see ``plan_state_shardings``;
   ``plan`` is the printable report) and jits init and update with them.
 
@@ -174,6 +181,10 @@ def make_sharded_optimizer(tx, params, param_shardings, *,
       state of.
     donate: whether ``update`` and ``train_step`` consume the params and
       state passed in (in-place update; reuse only the returned ones).
+    state_memory_kind: the memory every state leaf lives in between steps,
+      e.g. ``"pinned_host"`` (host offloading: ``init`` writes it there,
+      ``update`` and ``train_step`` move it to the device and back inside
+      their program); None keeps it in device memory.
 
   Returns:
     A ``ShardedOptimizer``: ``init``, ``update``, ``train_step(loss_fn)``,
@@ -185,10 +196,11 @@ def make_sharded_optimizer(tx, params, param_shardings, *,
                               shard_state_over=shard_state_over,
                               min_shard_bytes=min_shard_bytes)
   plan.warn_zero_skipped(stacklevel=2)
+  state_shardings = in_memory(plan.shardings, state_memory_kind)
   return ShardedOptimizer(
-      plan.shardings, plan,
-      sharded_init(tx, param_shardings, plan.shardings,
+      state_shardings, plan,
+      sharded_init(tx, param_shardings, state_shardings,
                    update_shardings=plan.update_shardings),
-      sharded_update(tx, param_shardings, plan.shardings, donate=donate,
+      sharded_update(tx, param_shardings, state_shardings, donate=donate,
                      update_shardings=plan.update_shardings),
       param_shardings, tx, donate)

@@ -52,6 +52,8 @@ from shardopt.sharding._boundary import check_live
 from shardopt.sharding._layouts import in_layout
 from shardopt.sharding._layouts import mesh_of
 from shardopt.sharding._layouts import update_in_layout
+from shardopt.sharding._memory import to_device
+from shardopt.sharding._memory import to_home
 
 __all__ = ["TrainStep", "global_norms", "make_train_step"]
 
@@ -204,9 +206,11 @@ def make_train_step(opt, loss_fn: Callable, *, has_aux: bool = False,
     offered = {"value": loss, "grad": grads, "value_fn": value_fn,
                "obj_fn": value_fn}
     updates, new_state = update_in_layout(
-        tx, grads, state, params, update_shardings, param_shardings,
+        tx, grads, to_device(state, opt.state_shardings), params,
+        update_shardings, param_shardings,
         **{name: offered[name] for name in extra_args})
     new_params = apply_updates(params, updates)
+    new_state = to_home(new_state, opt.state_shardings)
     out = (new_params, new_state, (loss, aux) if has_aux else loss)
     if metrics is not None:
       out += (metrics(in_layout(grads, param_shardings), updates, new_params),)
