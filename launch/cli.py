@@ -5,7 +5,8 @@ the job can set XLA_FLAGS (simulated CPU devices) from the arguments first.
 the job runs) adds ``--config FILE`` and, with ``--resume``, the run's saved
 flags. Both check every argument that can be checked without devices
 (``check_args``) and fill the defaults that depend on other flags
-(``finish``: --lr and --schedule per optimizer, --schedule-steps); the mesh and what depends
+(``finish``: --lr and --schedule per optimizer, --schedule-steps,
+--correction-bits); the mesh and what depends
 on it are checked by the job before it creates anything. A bad argument is a
 ``UsageError``: ``train.main`` prints it as one ``error: ...`` line and exits 2.
 """
@@ -109,6 +110,17 @@ def _add_optimizer(p) -> None:
   g.add_argument("--state-bits", type=int, choices=(8, 4), default=None,
                  help="store the optimizer's moments block-wise quantized in 8 or 4"
                  " bits (shardopt.quantized_state, blocks fitted to the shards)")
+  g.add_argument("--param-dtype", choices=("float32", "bfloat16"), default="float32",
+                 help="the params' dtype, the one the model computes in; bfloat16 trains"
+                 " against a float32 master weight kept as a correction in the optimizer"
+                 " state (shardopt.low_precision_params)")
+  g.add_argument("--correction-bits", type=int, choices=(8, 16, 0), default=None,
+                 help="with --param-dtype bfloat16, bits of the master-weight correction per"
+                 " param: 8 (the master to about 16 significant bits), 16 (the float32 master"
+                 " exactly) or 0 (none: plain bfloat16 params); default 8")
+  g.add_argument("--state-memory-kind", choices=("device", "pinned_host"), default="device",
+                 help="where the optimizer state lives between steps; pinned_host: host"
+                 " memory, moved to the device and back inside each step")
 
 
 def _add_model_and_data(p) -> None:
@@ -284,9 +296,16 @@ def _check_paths(args: argparse.Namespace) -> None:
       raise UsageError(f"{_flag(name)} {path}: is a file, not a folder; name a folder")
 
 
+def _check_precision(args: argparse.Namespace) -> None:
+  if args.correction_bits is not None and args.param_dtype != "bfloat16":
+    raise UsageError(f"--correction-bits {args.correction_bits}: corrects bfloat16 params;"
+                     " add --param-dtype bfloat16 or drop it")
+
+
 def check_args(args: argparse.Namespace) -> None:
   """Raises UsageError naming the first flag whose value cannot work."""
   _check_numbers(args)
+  _check_precision(args)
   _check_processes(args)
   _check_paths(args)
 
@@ -302,7 +321,7 @@ def explicit_flags(argv: list[str]) -> dict:
 def finish(values: dict) -> argparse.Namespace:
   """The checked arguments: the parser's defaults updated by ``values``; --lr
   and --schedule default to the optimizer's (``defaults``), --schedule-steps
-  to --steps."""
+  to --steps, --correction-bits to 8 with --param-dtype bfloat16."""
   args = parser().parse_args([])
   vars(args).update(values)
   check_args(args)
@@ -312,6 +331,8 @@ def finish(values: dict) -> argparse.Namespace:
     args.schedule = defaults.schedule(args.optimizer)
   if args.schedule_steps is None:
     args.schedule_steps = args.steps
+  if args.param_dtype == "bfloat16" and args.correction_bits is None:
+    args.correction_bits = 8
   _check_warmup(args, "warmup_steps" in values)
   return args
 

@@ -38,11 +38,11 @@ import checkpoints
 import partitioning
 import shardopt
 from launch import cli, data, defaults, metrics, report, resume, run_config, run_folder
-from launch import job_log, steps, throughput
+from launch import job_log, memory, steps, throughput
 from launch.model import ModelConfig, Transformer, next_token_loss
 from launch.profile import ProfileWindow
 from launch.stop import StopRequest
-from launch.optim import build_schedule, with_state_bits
+from launch.optim import build_schedule, with_param_dtype, with_state_bits
 from launch.validation import NonFiniteGuard, as_usage_error, checked_mesh, checked_optimizer
 
 # Steps dispatched ahead of the host at most, whatever --log-every: XLA:CPU aborts a
@@ -78,18 +78,24 @@ def _model(args) -> Transformer:
 
 def _layout(args, mesh, model, tx):
   """Abstract sharded params, their specs, and the sharded optimizer."""
-  tokens = jax.ShapeDtypeStruct((1, args.seq_len - 1), jnp.int32)
-  shapes = jax.eval_shape(model.init, jax.random.key(0), tokens)["params"]
+  shapes = jax.eval_shape(lambda key: _init_params(args, model, key), jax.random.key(0))
   rules = partitioning.decoder_rules(args.rules, fsdp_axis="data", model_axis="model",
                                      stacked=args.scan_layers)
   specs = partitioning.match_partition_rules(rules, shapes)
   partitioning.validate_specs(shapes, specs, mesh)
   abstract = partitioning.abstract_params(shapes, partitioning.named_shardings(mesh, specs))
   zero_axis = "data" if args.zero else None
-  tx = with_state_bits(args, tx)
+  tx = with_param_dtype(args, with_state_bits(args, tx))
   opt = shardopt.make_sharded_optimizer(
-      tx, abstract, partitioning.named_shardings(mesh, specs), shard_state_over=zero_axis)
+      tx, abstract, partitioning.named_shardings(mesh, specs), shard_state_over=zero_axis,
+      state_memory_kind=None if args.state_memory_kind == "device" else args.state_memory_kind)
   return rules, specs, abstract, opt
+
+
+def _init_params(args, model, key):
+  """The model's params from ``key``, in --param-dtype (float32 ones rounded)."""
+  params = model.init(key, jnp.zeros((1, args.seq_len - 1), jnp.int32))["params"]
+  return jax.tree.map(lambda p: p.astype(args.param_dtype), params)
 
 
 def _quantized_lines(args, opt, abstract) -> list[str]:
@@ -129,9 +135,9 @@ def _initial_state(args, model, abstract, opt, abstract_state, manager, resumed,
     _say(f"resumed from step {restored.step} ({args.checkpoint_dir})")
     return (restored.state["params"], restored.state["opt_state"], restored.step,
             bool(restored.skipped))
-  init = lambda key: model.init(key, jnp.zeros((1, args.seq_len - 1), jnp.int32))["params"]
   param_shardings = jax.tree.map(lambda a: a.sharding, abstract)
-  params = jax.jit(init, out_shardings=param_shardings)(jax.random.key(args.seed))
+  params = jax.jit(lambda key: _init_params(args, model, key),
+                   out_shardings=param_shardings)(jax.random.key(args.seed))
   return params, opt.init(params), 0, False
 
 
@@ -212,7 +218,8 @@ def _train(args, mesh, model, opt, evaluation, initial, manager, guard, config, 
   _say(evaluation.describe(args),
        f"FLOPs per step: {flops / 1e9:.3g} GFLOP (XLA's cost analysis of the compiled step,"
        f" {jax.device_count()} devices); MFU against a peak of {peak.source}" if flops else
-       "FLOPs per step: not reported by XLA (no MFU)", "")
+       "FLOPs per step: not reported by XLA (no MFU)",
+       *memory.describe(params, opt_state, train_step), "")
   for name in ("metrics.jsonl", "samples.jsonl"):
     resume.set_aside_torn_line(out / name, _say, is_main)
   if is_main:

@@ -12,6 +12,9 @@ Parameter paths follow the names the partition-rule presets expect::
 There are no biases and no position parameters (positions are sinusoidal), so
 every parameter is covered by the presets.
 
+The model computes in its params' dtype (bfloat16 params: bfloat16
+activations and matmuls); the loss takes its log-softmax in float32.
+
 With ``scan_layers`` the blocks run under ``nn.scan``: one compiled block,
 its params stacked once under ``layers/`` with a leading layer dimension
 (``layers/attn/query/kernel`` is (layers, d_model, heads, head_dim)), the
@@ -92,7 +95,7 @@ class Transformer(nn.Module):
   def __call__(self, tokens):
     cfg = self.cfg
     x = nn.Embed(cfg.vocab, cfg.d_model, name="embed")(tokens)
-    x = x + _sinusoids(tokens.shape[1], cfg.d_model)[None]
+    x = x + _sinusoids(tokens.shape[1], cfg.d_model)[None].astype(x.dtype)
     if cfg.scan_layers:
       stack = nn.scan(Block, variable_axes={"params": 0},
                       split_rngs={"params": True}, length=cfg.layers)

@@ -13,7 +13,8 @@ import typing
 
 import shardopt
 
-__all__ = ["HYPERPARAMETER_FLAGS", "build_optimizer", "build_schedule", "with_state_bits"]
+__all__ = ["HYPERPARAMETER_FLAGS", "build_optimizer", "build_schedule", "with_param_dtype",
+           "with_state_bits"]
 
 HYPERPARAMETER_FLAGS = ("b1", "b2", "eps", "weight_decay", "momentum")
 
@@ -106,3 +107,12 @@ def with_state_bits(args: argparse.Namespace, tx):
   if getattr(args, "state_bits", None) is None:
     return tx
   return shardopt.quantized_state(tx, bits=args.state_bits)
+
+
+def with_param_dtype(args: argparse.Namespace, tx):
+  """``tx`` training bfloat16 params against float32 masters kept as
+  --correction-bits corrections (``shardopt.low_precision_params``), with
+  --param-dtype bfloat16; ``tx`` otherwise."""
+  if getattr(args, "param_dtype", "float32") != "bfloat16":
+    return tx
+  return shardopt.low_precision_params(tx, correction_bits=args.correction_bits)

@@ -38,7 +38,7 @@ MAY_CHANGE = frozenset({
     "keep_checkpoints", "log_every", "cpu_devices",
     "coordinator", "num_processes", "process_id", "auto_distributed", "init_timeout",
     "heartbeat_timeout", "process_count", "device_count", "eval_every", "eval_batches",
-    "sample_every", "profile_steps", "peak_tflops",
+    "sample_every", "profile_steps", "peak_tflops", "state_memory_kind",
 })
 
 

@@ -59,6 +59,22 @@ def checked_optimizer(args):
   return tx
 
 
+def _skip_state(opt_state):
+  """The state of --skip-nonfinite's ``apply_if_finite``, wherever the wrappers
+  around it (--param-dtype bfloat16's ``low_precision_params``) put it."""
+  import shardopt  # pylint: disable=import-outside-toplevel
+  found = lambda x: isinstance(x, shardopt.ApplyIfFiniteState)
+  return next(x for x in jax.tree.leaves(opt_state, is_leaf=found) if found(x))
+
+
+def _in_device_memory(tree):
+  """``tree`` with leaves kept in another memory (host-offloaded optimizer
+  state) copied to device memory, where a program can read them."""
+  return jax.tree.map(
+      lambda x: x if x.sharding.memory_kind in (None, "device")
+      else jax.device_put(x, x.sharding.with_memory_kind("device")), tree)
+
+
 @jax.jit
 def _all_finite(tree) -> jax.Array:
   leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
@@ -75,11 +91,11 @@ class NonFiniteGuard:
   def resume_from(self, opt_state) -> None:
     """Continues the count of skipped steps of a restored state."""
     if self.skip:
-      self.skipped = int(opt_state.total_notfinite)
+      self.skipped = int(_skip_state(opt_state).total_notfinite)
 
   def per_step(self, opt_state) -> tuple:
     """What to fetch with the step's loss: whether the update was skipped."""
-    return (jnp.logical_not(opt_state.last_finite),) if self.skip else ()
+    return (jnp.logical_not(_skip_state(opt_state).last_finite),) if self.skip else ()
 
   def fields(self, step: int, loss: float, extra: tuple) -> dict:
     """Metrics fields of ``step``; raises NonFiniteError when not skipping."""
@@ -94,7 +110,7 @@ class NonFiniteGuard:
 
   def check_state(self, step: int, state) -> None:
     """Raises NonFiniteError when ``state`` holds NaN or Inf (not saved)."""
-    if not bool(_all_finite(state)):
+    if not bool(_all_finite(_in_device_memory(state))):
       raise NonFiniteError(
           f"non-finite params or optimizer state after step {step}: stopped without"
           f" saving it (the saved checkpoints hold finite values). {self.hint}")
