@@ -258,6 +258,10 @@ ENTRIES: tuple[Entry, ...] = (
                               "min_size": 128}, oracle=False, variant="8-bit"),
     Entry("quantized_state", {"inner": _ADAM, "bits": 4, "block_size": 16,
                               "min_size": 128}, oracle=False, variant="4-bit"),
+    *(Entry("quantized_state", {"inner": Sub("adamw", {
+        "learning_rate": 0.1, "weight_decay": 0.01}), "bits": bits,
+        "block_size": 16, "min_size": 128}, oracle=False,
+            variant=f"adamw, {bits}-bit") for bits in (8, 4)),
     # Optimizers (optax's aliases).
     Entry("sgd", {"learning_rate": 0.1, "momentum": 0.9, "nesterov": True}),
     Entry("adam", _LR),
