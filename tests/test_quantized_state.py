@@ -98,7 +98,12 @@ class Attn(NamedTuple):
 
 
 def _relative_error(got, want) -> float:
-  return float(jnp.mean(jnp.abs(got - want)) / jnp.mean(jnp.abs(want)))
+  """Mean |got - want| over mean |want|; 0 where both are all zeros (a
+  step a wrapper skips), inf where only ``want`` is."""
+  scale = float(jnp.mean(jnp.abs(want)))
+  if scale == 0:
+    return 0.0 if not bool(jnp.any(got)) else float("inf")
+  return float(jnp.mean(jnp.abs(got - want))) / scale
 
 
 def _errors_against_float(tx, params, steps, bits, **kwargs):
@@ -396,36 +401,65 @@ def _objective(params):
              for p in jax.tree.leaves(params))
 
 
+_VALUE_AND_GRAD = jax.jit(jax.value_and_grad(_objective))
+
+
 def _step_inputs(entry, params):
-  value, grad = jax.value_and_grad(_objective)(params)
+  value, grad = _VALUE_AND_GRAD(params)
   extra = {"value": value, "grad": grad, "value_fn": _objective,
            "obj_fn": _objective}
   direction = jax.tree.map(jnp.negative, grad) if entry.descent else grad
   return direction, {name: extra[name] for name in entry.extra_args}
 
 
-def _moves(opt, entry, params, steps):
-  """The params' change at each of ``steps`` steps of ``opt.update``."""
-  state, moves = opt.init(params), []
+def _moves(init, update, entry, params, steps):
+  """The params' change at each of ``steps`` steps, as one vector each."""
+  state, moves = init(params), []
   for _ in range(steps):
     grads, extra = _step_inputs(entry, params)
-    new_params, state = opt.update(grads, state, params, **extra)
-    moves.append(jax.tree.map(jnp.subtract, new_params, params))
+    new_params, state = update(grads, state, params, **extra)
+    moves.append(jnp.concatenate([jnp.ravel(x) for x in jax.tree.leaves(
+        jax.device_get(jax.tree.map(jnp.subtract, new_params, params)))]))
     params = new_params
   return moves
 
 
+_FLOAT_MOVES: dict = {}
+
+
+def _float_moves(entry, tx, params):
+  """The unsharded float-state moves of ``entry`` (once per entry)."""
+  if entry.label not in _FLOAT_MOVES:
+    def update(grads, state, params, **extra):
+      updates, state = tx.update(grads, state, params, **extra)
+      return shardopt.apply_updates(params, updates), state
+    jitted = jax.jit(update, static_argnames=("value_fn", "obj_fn"))
+    _FLOAT_MOVES[entry.label] = _moves(jax.jit(tx.init), jitted, entry,
+                                       params, _STEPS)
+  return _FLOAT_MOVES[entry.label]
+
+
 def _transformations():
   from tests import catalogue
-  return [pytest.param(e, id=e.label.replace(" (", ":").rstrip(")"))
-          for e in catalogue.ENTRIES if e.transformation]
+  from tests.test_harness import EXCEPTIONS
+  cases = []
+  for e in catalogue.ENTRIES:
+    if not e.transformation:
+      continue
+    raises, reason = EXCEPTIONS.get((e.label, "sharded_step"), (None, ""))
+    marks = ([pytest.mark.xfail(strict=True, raises=raises, reason=reason)]
+             if raises else [])
+    cases.append(pytest.param(e, id=e.label.replace(" (", ":").rstrip(")"),
+                              marks=marks))
+  return cases
 
 
 @pytest.mark.parametrize("kind", ["auto", "explicit"])
 @pytest.mark.parametrize("entry", _transformations())
 def test_every_optimizer_with_moments_runs_quantized(entry, kind):
   """8 and 4 bits, 5 sharded steps with ZeRO: the update within 5% / 25%
-  (mean relative error) of the same optimizer's with float state."""
+  (mean relative error) of the same optimizer's with float state (whose
+  sharded step equals its unsharded one: tests/test_harness.py)."""
   from tests import catalogue
   tx, host = catalogue.build(entry), _catalogue_params()
   mesh = _mesh(kind=kind)
@@ -436,19 +470,15 @@ def test_every_optimizer_with_moments_runs_quantized(entry, kind):
   report = shardopt.describe_quantized_state(quantized[8], host)
   if not any(l.tile for l in report.leaves):
     pytest.skip(f"no moment of >= {_MIN_SIZE} elements shaped like its param")
-  with warnings.catch_warnings():
-    warnings.simplefilter("ignore", shardopt.ReplicatedStateWarning)
-    make = lambda t: shardopt.make_sharded_optimizer(
-        t, host, shardings, shard_state_over="data", donate=False)
-    float_opt = make(tx)
-    quantized_opts = {bits: make(t) for bits, t in quantized.items()}
-  with jax.sharding.set_mesh(mesh):
-    params = jax.device_put(host, shardings)
-    want = _moves(float_opt, entry, params, _STEPS)
-    for bits, opt in quantized_opts.items():
-      got = _moves(opt, entry, params, _STEPS)
-      for step, (g, w) in enumerate(zip(got, want)):
-        g, w = (jnp.concatenate([jnp.ravel(x) for x in jax.tree.leaves(t)])
-                for t in (jax.device_get(g), jax.device_get(w)))
-        error = _relative_error(g, w)
-        assert error <= _TOLERANCE[bits], (bits, step, error)
+  want = _float_moves(entry, tx, host)
+  for bits, quantized_tx in quantized.items():
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore", shardopt.ReplicatedStateWarning)
+      opt = shardopt.make_sharded_optimizer(
+          quantized_tx, host, shardings, shard_state_over="data", donate=False)
+    with jax.sharding.set_mesh(mesh):
+      got = _moves(opt.init, opt.update, entry,
+                   jax.device_put(host, shardings), _STEPS)
+    for step, (g, w) in enumerate(zip(got, want)):
+      error = _relative_error(g, w)
+      assert error <= _TOLERANCE[bits], (bits, step, error)

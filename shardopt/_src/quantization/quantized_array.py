@@ -76,9 +76,27 @@ def requantize(x, like: QuantizedArray) -> QuantizedArray:
 
 
 def retile(q: QuantizedArray, like: QuantizedArray) -> QuantizedArray:
-  """``q``'s values in ``like``'s tiles (``like`` may hold
-  ``jax.ShapeDtypeStruct``s): unchanged where the tiles agree, else decoded
-  and encoded again, each value within one quantization step of ``q``'s."""
+  """``q``'s values in ``like``'s blocks (a state restored onto a mesh whose
+  shards fit other blocks).
+
+  Args:
+    q: the quantized leaf as saved.
+    like: the leaf as this mesh lays it out (its arrays may be
+      ``jax.ShapeDtypeStruct``s): the same shape and code, maybe other
+      tiles.
+
+  Returns:
+    ``q`` itself where the tiles agree; else ``q`` decoded and encoded
+    again in ``like``'s tiles, each value within one quantization step of
+    ``q``'s.
+
+  Raises:
+    ValueError: ``like`` has another shape or code.
+
+  References:
+    Dettmers et al., "8-bit Optimizers via Block-wise Quantization", ICLR
+    2022 (https://arxiv.org/abs/2110.02861): block-wise absmax codes.
+  """
   if (q.shape, q.bits, q.signed, q.code) != (like.shape, like.bits,
                                              like.signed, like.code):
     raise ValueError(
