@@ -1,5 +1,7 @@
 """The sharded step: state resident per device as planned, results unchanged."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -181,3 +183,43 @@ def test_acprop_on_explicit_axes_stays_on_the_unsharded_path():
   for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     scale = float(np.max(np.abs(np.asarray(w))))
     np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-6 * scale)
+
+
+def test_a_user_value_fn_sees_the_params_in_their_own_layout():
+  """L-BFGS's line search calls ``value_fn`` on candidate params; with ZeRO
+  on Explicit axes the step hands it the params in their own layout, so a
+  loss whose batch is split over 'data' still traces (in the update layout
+  the params' ZeRO axis would meet the batch's)."""
+  mesh = partitioning.make_mesh({"data": 2, "model": 4}, axis_types="explicit")
+  # ZeRO splits w's columns over 'data': in the update layout x @ w would
+  # be split over 'data' twice.
+  shardings = {"w": jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("model", None))}
+  batch_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data", None))
+  params = {"w": jax.random.normal(jax.random.PRNGKey(0), (8, 16))}
+  x = jax.random.normal(jax.random.PRNGKey(1), (32, 8))
+
+  def loss(p, batch):
+    return jnp.mean(jnp.square(batch @ p["w"] - 1.0))
+
+  tx = shardopt.lbfgs()
+  opt = shardopt.make_sharded_optimizer(tx, params, shardings,
+                                        shard_state_over="data",
+                                        min_shard_bytes=256, donate=False)
+  assert opt.plan.zero_sharded
+  with jax.sharding.set_mesh(mesh):
+    got, batch = jax.device_put(params, shardings), jax.device_put(x, batch_sharding)
+    state = opt.init(got)
+    value_fn = functools.partial(loss, batch=batch)
+    for _ in range(3):
+      value, grad = jax.jit(jax.value_and_grad(value_fn))(got)
+      got, state = opt.update(grad, state, got, value=value, grad=grad,
+                              value_fn=value_fn)
+  want, want_state = params, tx.init(params)
+  value_fn = functools.partial(loss, batch=x)
+  for _ in range(3):
+    value, grad = jax.value_and_grad(value_fn)(want)
+    updates, want_state = tx.update(grad, want_state, want, value=value,
+                                    grad=grad, value_fn=value_fn)
+    want = shardopt.apply_updates(want, updates)
+  np.testing.assert_allclose(np.asarray(got["w"]), np.asarray(want["w"]),
+                             rtol=1e-5, atol=1e-5)

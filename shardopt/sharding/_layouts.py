@@ -10,6 +10,8 @@ user's mesh is. ``update_in_layout`` is the one place where the sharded
 step hands ``tx.update`` its inputs in their update layout.
 """
 
+import functools
+
 import jax
 from jax.sharding import AxisType
 
@@ -62,7 +64,29 @@ def update_in_layout(tx, grads, state, params, update_shardings,
   ``jit``; returns ``(updates, new_state)``, the updates in the params'
   layout."""
   grads, moved = in_layout((grads, params), (update_shardings,) * 2)
-  extra_args = {k: in_layout(v, update_shardings) if _params_like(v, params)
-                else v for k, v in extra_args.items()}
+  extra_args = {k: _extra_in_layout(k, v, params, update_shardings,
+                                    param_shardings)
+                for k, v in extra_args.items()}
   updates, new_state = tx.update(grads, state, moved, **extra_args)
   return in_layout(updates, param_shardings), new_state
+
+
+# The extra arguments that are functions of the params (optax's line-search
+# protocol: value_fn; Sophia's obj_fn).
+_FUNCTIONS_OF_PARAMS = ("value_fn", "obj_fn")
+
+
+def _extra_in_layout(name, value, params, update_shardings, param_shardings):
+  """An extra argument for ``tx.update``: shaped like the params, in the
+  update layout; a function of the params, called with them laid back out
+  in their own (the user's loss sees the layout it was written for)."""
+  if _params_like(value, params):
+    return in_layout(value, update_shardings)
+  if name in _FUNCTIONS_OF_PARAMS and callable(value):
+    @functools.wraps(value)  # its signature, for the keywords it accepts
+    def in_params_layout(p, *args, **kwargs):
+      if _params_like(p, params):
+        p = in_layout(p, param_shardings)
+      return value(p, *args, **kwargs)
+    return in_params_layout
+  return value

@@ -21,7 +21,8 @@ and the update runs through ``update_in_layout``, like ``opt.update``.
   ``loss_fn(params, batch, key)``, e.g. for dropout.
 * ``microbatches=k``: the batch is split into ``k`` microbatches scanned
   inside the program, the gradients summed in an accumulator laid out like
-  the ZeRO'd state (the params' update layout); loss and gradients are the
+  the ZeRO'd state (the params' update layout; float32 at least, for
+  bfloat16 params too); loss and gradients are the
   means over the microbatches (equal to the one-batch step for a loss that
   is a mean over examples). Every batch leaf of rank >= 1 is split along its
   leading dimension: microbatch ``i`` takes rows ``i, i + k, i + 2k, ...``,
@@ -90,6 +91,11 @@ class TrainStep(NamedTuple):
 
   def lower(self, params, state, batch, key=None):
     return self.jitted.lower(*self._arguments(params, state, batch, key))
+
+
+def _accumulator_dtype(dtype):
+  """Gradients of low-precision params are summed in float32 at least."""
+  return jnp.promote_types(dtype, jnp.float32)
 
 
 def _split_microbatches(x, k: int):
@@ -171,18 +177,21 @@ def make_train_step(opt, loss_fn: Callable, *, has_aux: bool = False,
       (loss, aux), grads = loss_and_grads(params, batch, key)
       return loss, aux, in_layout(grads, param_shardings)
     parts = jax.tree.map(lambda x: _split_microbatches(x, microbatches), batch)
-    zeros = in_layout(jax.tree.map(jnp.zeros_like, params), update_shardings)
+    zeros = in_layout(jax.tree.map(
+        lambda p: jnp.zeros_like(p, _accumulator_dtype(p.dtype)), params),
+        update_shardings)
 
     def accumulate(total, i):
       (loss, aux), grads = loss_and_grads(params, *_microbatch(parts, i, key))
       grads = in_layout(in_layout(grads, param_shardings), update_shardings)
-      return (jax.tree.map(jnp.add, total[0], grads),
+      return (jax.tree.map(lambda t, g: t + g.astype(t.dtype), total[0], grads),
               total[1] + loss.astype(jnp.float32)), aux
 
     (total, loss_sum), aux = jax.lax.scan(
         accumulate, (zeros, jnp.zeros((), jnp.float32)),
         jnp.arange(microbatches))
-    grads = jax.tree.map(lambda g: g / microbatches, total)
+    grads = jax.tree.map(lambda g, p: (g / microbatches).astype(p.dtype),
+                         total, params)
     return loss_sum / microbatches, aux, grads
 
   def value_of(params, batch, key):
