@@ -4,7 +4,9 @@
 and optimizer-state initialisation inside one jit whose outputs land on the
 given shardings, so no device ever holds the whole state. The optimizer-state
 shardings come from ``shardopt.state_shardings(tx, params, param_shardings)``
-unless given.
+unless given, and ``tx.init`` is traced on the params typed in their layout
+(``shardopt.sharding.with_typed_init``), as that derivation was, so state
+whose shape follows its layout (8-bit blocks) comes out as derived.
 """
 
 from typing import Any, Callable
@@ -14,15 +16,13 @@ from flax import nnx
 from flax.training import train_state
 from jax.sharding import NamedSharding, PartitionSpec
 
+import shardopt
+
 __all__ = ["create_nnx_optimizer", "create_train_state", "nnx_checkpoint_state", "nnx_load_state"]
 
 
 def _derived_state_shardings(tx, abstract_params, param_shardings):
-  import shardopt  # pylint: disable=import-outside-toplevel
-  derive = getattr(shardopt, "state_shardings", None)
-  if derive is None:
-    raise RuntimeError("shardopt.state_shardings is not available in this version; pass opt_state_shardings=.")
-  return derive(tx, abstract_params, param_shardings)
+  return shardopt.state_shardings(tx, abstract_params, param_shardings)
 
 
 def _replicated(param_shardings) -> NamedSharding:
@@ -43,12 +43,15 @@ def create_train_state(apply_fn: Callable, init_params: Callable[[], Any], tx, p
     opt_state_shardings: the optimizer state's shardings; derived with
       ``shardopt.state_shardings`` when None.
   """
-  def init():
-    return train_state.TrainState.create(apply_fn=apply_fn, params=init_params(), tx=tx)
+  typed_tx = shardopt.sharding.with_typed_init(tx, param_shardings)
 
-  abstract = jax.eval_shape(init)
+  def init():
+    return train_state.TrainState.create(apply_fn=apply_fn, params=init_params(), tx=typed_tx)
+
+  abstract_params = jax.eval_shape(init_params)
   if opt_state_shardings is None:
-    opt_state_shardings = _derived_state_shardings(tx, abstract.params, param_shardings)
+    opt_state_shardings = _derived_state_shardings(tx, abstract_params, param_shardings)
+  abstract = jax.eval_shape(init)
   shardings = abstract.replace(step=_replicated(param_shardings), params=param_shardings,
                                opt_state=opt_state_shardings)
   return jax.jit(init, out_shardings=shardings)()
@@ -73,6 +76,7 @@ def create_nnx_optimizer(model_fn: Callable[[], nnx.Module], tx, param_shardings
   abstract_params = nnx.state(nnx.eval_shape(model_fn), wrt).to_pure_dict()
   if opt_state_shardings is None:
     opt_state_shardings = _derived_state_shardings(tx, abstract_params, param_shardings)
+  tx = shardopt.sharding.with_typed_init(tx, param_shardings)
   replicated = _replicated(param_shardings)
 
   @nnx.jit

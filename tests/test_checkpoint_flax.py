@@ -9,6 +9,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import checkpoints as ck
 import partitioning
+import shardopt
 
 SPECS = {"kernel": P("a", "b"), "bias": P("b")}
 
@@ -92,3 +93,21 @@ def test_nnx_changed_optimizer_needs_explicit_reinit(tmp_path):
   ck.nnx_load_state(new_model, new_optimizer, restored)
   np.testing.assert_array_equal(np.asarray(new_model.dense.kernel.get_value()), np.asarray(model.dense.kernel.get_value()))
   np.testing.assert_array_equal(np.asarray(new_optimizer.opt_state[0].trace["dense"]["kernel"].get_value()), 0)
+
+
+def test_train_state_with_8bit_state_has_the_derived_blocks():
+  """TrainState.create calls tx.init itself: its init is traced on the
+  params typed in their layout, so the quantized blocks are those
+  shardopt.state_shardings derived, on an Auto mesh: a shard (16, 2, 16)
+  gets tiles (8, 2, 16), where the whole array's would be (4, 4, 16)."""
+  mesh = jax.make_mesh((4, 2), ("data", "model"),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  shardings = {"w": NamedSharding(mesh, P("data", "model", None))}
+  params = {"w": jnp.ones((64, 4, 16))}
+  tx = shardopt.adamw(1e-3, state_bits=8)
+  state = ck.create_train_state(None, lambda: params, tx, shardings)
+  derived = shardopt.state_shardings(tx, params, shardings)
+  mu = state.opt_state[0].mu["w"]
+  assert isinstance(mu, shardopt.QuantizedArray) and mu.tile == (8, 2, 16)
+  for leaf, sharding in zip(jax.tree.leaves(state.opt_state), jax.tree.leaves(derived)):
+    assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim)

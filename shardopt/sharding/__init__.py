@@ -17,12 +17,12 @@ from shardopt.sharding._step import ShardedUpdate
 from shardopt.sharding._step import make_sharded_optimizer
 from shardopt.sharding._step import sharded_init
 from shardopt.sharding._step import sharded_update
+from shardopt.sharding._step import with_typed_init
 from shardopt.sharding._train_step import TrainStep
 from shardopt.sharding._train_step import global_norms
 
 __all__ = [
     "LeafPlan", "ReplicatedStateWarning", "ShardedOptimizer", "ShardedUpdate", "StatePlan", "TrainStep",
     "global_norms", "make_sharded_optimizer", "plan_state_shardings", "sharded_init",
-    "sharded_update",
-    "state_shardings",
+    "sharded_update", "state_shardings", "with_typed_init",
 ]

@@ -36,16 +36,19 @@ def in_layout(tree, shardings):
 
 
 def typed(fn, shardings):
-  """``x -> fn(x)`` with ``x`` typed in ``shardings`` (its tree) while
-  ``fn`` runs, inside ``jit``; ``fn``'s results keep the mesh's axis types."""
+  """``x -> fn(x)`` with ``x`` typed in ``shardings`` (one per leaf of ``x``,
+  in its flatten order; any container) while ``fn`` runs, inside ``jit``;
+  ``fn``'s results keep the mesh's axis types."""
   mesh = mesh_of(shardings)
   auto = _auto_axes(mesh)
 
   def call(x):
-    x = in_layout(x, shardings)
+    shardings_of_x = jax.tree.unflatten(jax.tree.structure(x),
+                                        jax.tree.leaves(shardings))
+    x = in_layout(x, shardings_of_x)
     if not auto:
       return fn(x)
-    specs = jax.tree.map(lambda s: s.spec, shardings)
+    specs = jax.tree.map(lambda s: s.spec, shardings_of_x)
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
       return jax.sharding.explicit_axes(fn, axes=auto, in_sharding=(specs,))(x)
 

@@ -54,6 +54,7 @@ __all__ = [
     "make_sharded_optimizer",
     "sharded_init",
     "sharded_update",
+    "with_typed_init",
 ]
 
 
@@ -70,6 +71,16 @@ def sharded_init(tx, param_shardings, state_shardings, *,
   layout = param_shardings if update_shardings is None else update_shardings
   return jax.jit(typed(tx.init, layout), in_shardings=(param_shardings,),
                  out_shardings=state_shardings)
+
+
+def with_typed_init(tx, param_shardings):
+  """``tx`` whose ``init``, traced inside ``jit``, sees the params typed in
+  ``param_shardings`` (on Auto axes too), as ``sharded_init`` does: for a
+  framework that calls ``tx.init`` itself (Flax's ``TrainState.create``,
+  ``nnx.Optimizer``), so that state whose shape depends on its layout
+  (``quantized_state``'s blocks) comes out as ``state_shardings`` derived
+  it. ``update`` is ``tx``'s own."""
+  return type(tx)(typed(tx.init, param_shardings), tx.update)
 
 
 class ShardedUpdate(NamedTuple):
