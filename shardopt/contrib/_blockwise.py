@@ -26,6 +26,8 @@ shardings.
 
 from collections.abc import Callable
 import functools
+import itertools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -114,18 +116,44 @@ def _rule(fn, k, mesh, operand_types, result_types):
 
 
 def _partition(fn, k, mesh, arg_shapes, result_shape):
-  """Every operand and result on the first operand's grid layout, blocks whole
-  (a program with no mesh to name axes on, e.g. an unsharded ``jit`` under
-  ``jax.sharding.set_mesh``, passes its one replicated layout through)."""
-  first = arg_shapes[0].sharding
-  if not isinstance(first, NamedSharding):
-    if not first.is_fully_replicated:
-      raise ValueError(f"blockwise: operands laid out as {first} on no named mesh.")
-    return (mesh, fn, jax.tree.map(lambda _: first, result_shape),
-            tuple(first for _ in arg_shapes))
-  grid = (tuple(first.spec) + (None,) * k)[:k]
-  whole = lambda s: NamedSharding(mesh, P(*grid, *([None] * (len(s.shape) - k))))
+  """Every operand and result on the grid layout the partitioner proposed for
+  the first operand, blocks whole. A proposal that names no mesh axes (part
+  of an axis over a dimension) gives a replicated grid: correct, with a
+  gather. A program with no mesh (an unsharded ``jit`` under
+  ``jax.sharding.set_mesh``) passes its one replicated layout through."""
+  first = arg_shapes[0]
+  if mesh.empty:
+    if not first.sharding.is_fully_replicated:
+      raise ValueError(f"blockwise: operands laid out as {first.sharding} on no mesh.")
+    return (mesh, fn, jax.tree.map(lambda _: first.sharding, result_shape),
+            tuple(first.sharding for _ in arg_shapes))
+  spec = _named_spec(first.sharding, first.shape, mesh) or (None,) * k
+  whole = lambda s: NamedSharding(mesh, P(*spec[:k], *([None] * (len(s.shape) - k))))
   return (mesh, fn, jax.tree.map(whole, result_shape), tuple(map(whole, arg_shapes)))
 
 
-_partitioned.def_partition(_partition, sharding_rule=_rule)
+def _named_spec(sharding, shape, mesh) -> tuple | None:
+  """The spec on ``mesh``'s axes of a proposed layout, or None where no
+  ``NamedSharding`` on them is equivalent to it."""
+  shape = tuple(shape)
+  shard = sharding.shard_shape(shape)
+  options = [_entries(-(-d // max(s, 1)), mesh) for d, s in zip(shape, shard)]
+  for spec in itertools.product(*options):
+    used = [n for entry in spec if entry for n in entry]
+    if len(used) == len(set(used)) and NamedSharding(mesh, P(*spec)).is_equivalent_to(
+        sharding, len(shape)):
+      return spec
+  return None
+
+
+def _entries(split: int, mesh) -> list:
+  """Spec entries (None, or a tuple of distinct mesh axes) splitting ``split`` ways."""
+  if split == 1:
+    return [None]
+  names = tuple(mesh.axis_names)
+  return [axes for r in range(1, len(names) + 1)
+          for axes in itertools.permutations(names, r)
+          if math.prod(mesh.shape[n] for n in axes) == split]
+
+
+_partitioned.def_partition(_partition, sharding_rule=_rule, decode_shardings=False)
