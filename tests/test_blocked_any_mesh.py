@@ -140,16 +140,16 @@ def test_shampoo_resumes_from_8_devices_onto_4(tmp_path):
 
 @pytest.mark.parametrize("name", ["shampoo", "soap"])
 def test_plan_for_7b_on_256_abstract_devices(name):
-  """LLaMA-7B laid out fsdp_tp on fsdp=64 x model=4 abstract devices, blocks
-  of 64 (which tile the 64-long d_model shards and the mlp's 2752-long
-  ones): the state has the shapes it has unsharded, no leaf is less sharded
-  than its param, and the most bytes on a device are within 5% of the total
-  over 256."""
+  """LLaMA-7B laid out fsdp_tp on fsdp=64 x model=4 abstract devices, the
+  default blocks of 64 (which tile the 64-long d_model shards and the mlp's
+  2752-long ones): the state has the shapes it has unsharded, no leaf is
+  less sharded than its param, and the most bytes on a device are within 5%
+  of the total over 256."""
   mesh = partitioning.make_abstract_mesh({"fsdp": 64, "model": 4})
   shapes = test_memory_plan_7b.llama_7b()
   abstract = partitioning.sharded_abstract_params(
       partitioning.decoder_rules("fsdp_tp"), shapes, mesh)
-  tx = getattr(shardopt.contrib, name)(1e-4, block_size=64)
+  tx = getattr(shardopt.contrib, name)(1e-4)
   plan = blocked_layout.plan_without_warnings(
       tx, abstract, jax.tree.map(lambda p: p.sharding, abstract))
   unsharded = jax.eval_shape(tx.init, shapes)

@@ -130,7 +130,7 @@ def test_block_layout_is_stated():
   assert str(layout["v"]) == "(4,): not blocked (rank < 2)"
   # The LM demo's query kernel with the default block_size: one block.
   query = jax.ShapeDtypeStruct((64, 4, 16), jnp.float32)
-  assert shardopt.contrib.block_layout(query, 128).grid == (1, 1, 1)
+  assert shardopt.contrib.block_layout(query, 64).grid == (1, 1, 1)
   assert shardopt.contrib.block_layout(query, 16).block == (16, 4, 16)
   with pytest.raises(ValueError, match="block_size=0"):
     shardopt.contrib.shampoo(0.1, block_size=0)

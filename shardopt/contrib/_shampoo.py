@@ -76,11 +76,15 @@ def _graft_block(block, graft_block):
   return block * jnp.where(norm > 0, target / jnp.where(norm > 0, norm, 1.0), 0.0)
 
 
-# Anil et al.'s block size: a 128 x 128 eigendecomposition per block and
-# dimension is cheap next to a large model's step, and 128 tiles the shards of
-# power-of-two dimensions split up to d / 128 ways. The LM demo's d_model (64)
-# and head dimensions stay whole blocks; its 256-long dimensions are 2 blocks.
-DEFAULT_BLOCK_SIZE = 128
+# 64: a 64 x 64 eigendecomposition or QR per block and dimension is cheap on
+# any backend, the CPU included (128 x 128 ones, Anil et al.'s size, slowed the
+# LM demo's step on 8 simulated devices sharing 2 cores by more than an order
+# of magnitude); 64 tiles the shards of power-of-two dimensions split up to
+# d / 64 ways (LLaMA-7B's d_model over fsdp=64, tests/test_blocked_any_mesh.py);
+# the demo's d_model (64) and head dimensions are whole blocks, its 256-long
+# ones 4 blocks. Larger blocks precondition more jointly at O(b) more work per
+# element and refresh.
+DEFAULT_BLOCK_SIZE = 64
 
 
 def scale_by_shampoo(
@@ -105,8 +109,9 @@ def scale_by_shampoo(
       ``block_size`` divides the length of a dimension's shards, every block
       lives on one device and the sharded step adds no collective to the
       gradient's; elsewhere the blocks straddling shards are gathered.
-      Default 128 (Anil et al.): cheap eigendecompositions, and it tiles
-      power-of-two dimensions split up to ``d / 128`` ways.
+      Default 64: cheap eigendecompositions on any backend, and it tiles
+      power-of-two dimensions split up to ``d / 64`` ways (the LM demo's
+      d_model, 64, is one block).
     b1: decay of the momentum of the direction (0 for none).
     b2: decay of the statistics and of the rmsprop grafting accumulator;
       1.0 sums the statistics (Gupta et al.).
@@ -215,7 +220,7 @@ def shampoo(
 
   Args:
     learning_rate: a scalar or a schedule of the step count.
-    block_size: the longest block along any dimension, default 128 (see
+    block_size: the longest block along any dimension, default 64 (see
       ``scale_by_shampoo``).
     b1: decay of the momentum of the direction (0 for none).
     b2: decay of the statistics and of the rmsprop grafting accumulator.

@@ -127,7 +127,7 @@ def scale_by_soap(
       zero-padded where they do not divide ``d``; ``block_layout`` states
       the layout), whatever the mesh. Where it divides the length of a
       dimension's shards, the sharded step adds no collective to the
-      gradient's. Default 128, as ``scale_by_shampoo``'s (see there).
+      gradient's. Default 64, as ``scale_by_shampoo``'s (see there).
     b1: decay of the first moment.
     b2: decay of the second moment.
     eps: added to the square root of the bias-corrected second moment.
@@ -223,7 +223,7 @@ def soap(
 
   Args:
     learning_rate: a scalar or a schedule of the step count.
-    block_size: the longest block along any dimension, default 128 (see
+    block_size: the longest block along any dimension, default 64 (see
       ``scale_by_soap``).
     b1: decay of the first moment.
     b2: decay of the second moment.
