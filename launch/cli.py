@@ -318,10 +318,12 @@ def explicit_flags(argv: list[str]) -> dict:
   return vars(p.parse_args(argv))
 
 
-def finish(values: dict) -> argparse.Namespace:
+def finish(values: dict, given=None) -> argparse.Namespace:
   """The checked arguments: the parser's defaults updated by ``values``; --lr
   and --schedule default to the optimizer's (``defaults``), --schedule-steps
-  to --steps, --correction-bits to 8 with --param-dtype bfloat16."""
+  to --steps, --correction-bits to 8 with --param-dtype bfloat16. ``given``:
+  the names the user gave (default all of ``values``; a resume's saved flags
+  are not given: a saved default --warmup-steps is shortened as a default)."""
   args = parser().parse_args([])
   vars(args).update(values)
   check_args(args)
@@ -333,7 +335,7 @@ def finish(values: dict) -> argparse.Namespace:
     args.schedule_steps = args.steps
   if args.param_dtype == "bfloat16" and args.correction_bits is None:
     args.correction_bits = 8
-  _check_warmup(args, "warmup_steps" in values)
+  _check_warmup(args, "warmup_steps" in (values if given is None else given))
   return args
 
 

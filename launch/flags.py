@@ -42,4 +42,4 @@ def resolve(argv=None) -> argparse.Namespace:
   if given.get("config"):
     given = {**run_config.read_file(given["config"]), **given}
   saved = _resumed_run(given) if given.get("resume") else {}
-  return cli.finish({**saved, **given})
+  return cli.finish({**saved, **given}, given)

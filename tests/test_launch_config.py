@@ -114,3 +114,18 @@ def test_default_runs_are_within_2_percent_of_the_benchmark_bests():
   for optimizer, default_lr, loss, best in rows:
     assert float(default_lr) == defaults.learning_rate(optimizer)
     assert float(loss) <= 1.02 * float(best), optimizer
+
+
+def test_a_saved_default_warmup_is_not_refused_on_resume(tmp_path):
+  """A run made with --steps 6 keeps the default --warmup-steps 20 (shortened
+  to the horizon); its saved flags hold 20, and a resume that gives none of
+  them must not refuse it as if the user had given 20."""
+  config = {k: v for k, v in vars(cli.parse_args(["--steps", "6"])).items()
+            if k in run_config.inherited(vars(cli.parse_args(["--steps", "6"])))}
+  step = tmp_path / "run" / "checkpoints" / "6" / "metadata"
+  step.mkdir(parents=True)
+  (step / "metadata").write_text(json.dumps({"config": config}))
+  args = flags.resolve(["--out", str(tmp_path / "run"), "--resume"])
+  assert (args.steps, args.warmup_steps, args.schedule_steps) == (6, 20, 6)
+  with pytest.raises(cli.UsageError, match="--warmup-steps 20"):
+    flags.resolve(["--out", str(tmp_path / "run"), "--resume", "--warmup-steps", "20"])
