@@ -83,12 +83,13 @@ def test_moments_get_the_code_their_state_class_declares():
   params = {"w": jnp.ones((64, 128))}
   report = shardopt.describe_quantized_state(
       shardopt.quantized_state(shardopt.adam(0.1)), params)
-  assert _stored(report) == {"[0].mu['w']": "dynamic-signed-8",
-                             "[0].nu['w']": "dynamic-unsigned-8"}
+  assert _stored(report) == {"[0].mu['w']": "companded-signed-8",
+                             "[0].nu['w']": "linear-zero-free-sqrt-8"}
   # optax's own Adam, passed in: the documented table (OPTAX_MOMENTS).
   assert _stored(shardopt.describe_quantized_state(
       shardopt.quantized_state(optax.adam(0.1)), params)) == {
-          "[0].mu['w']": "dynamic-signed-8", "[0].nu['w']": "dynamic-unsigned-8"}
+          "[0].mu['w']": "companded-signed-8",
+          "[0].nu['w']": "linear-zero-free-sqrt-8"}
 
 
 class Attn(NamedTuple):
@@ -129,8 +130,8 @@ def test_a_param_field_named_v_is_not_a_second_moment():
   params = Attn(*(jax.random.normal(k, (64, 64)) for k in keys))
   report = shardopt.describe_quantized_state(
       shardopt.quantized_state(shardopt.adam(1e-2)), params)
-  assert _stored(report)["[0].mu.v"] == "dynamic-signed-8"
-  assert _stored(report)["[0].nu.v"] == "dynamic-unsigned-8"
+  assert _stored(report)["[0].mu.v"] == "companded-signed-8"
+  assert _stored(report)["[0].nu.v"] == "linear-zero-free-sqrt-8"
   errors = _errors_against_float(shardopt.adam(1e-2), params, 5, bits=8)
   assert max(errors) <= 0.05, errors
   assert max(errors) <= 2 * min(errors), errors  # the same for every field
