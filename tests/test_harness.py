@@ -304,9 +304,7 @@ def test_sharded_step_matches_unsharded(entry, kind, zero):
     state = opt.init(params)
     want = _reference(entry, host, jax.device_get(state), _SHARDED_STEPS)
     through_update, through_train_step = (params, state), (params, state)
-    train_step = opt.train_step(
-        _objective_loss, extra_args=entry.extra_args or ("value", "grad",
-                                                         "value_fn"))
+    train_step = opt.train_step(_objective_loss, extra_args=entry.extra_args)
     for _ in range(_SHARDED_STEPS):
       p, s = through_update
       g = _GRAD(p)

@@ -11,15 +11,19 @@ its blocks inside one device's shard.
 axes; ``eval_shape_typed`` evaluates a function's output shapes on params
 typed with given specs on it; ``shard_shape`` is the shape of one device's
 piece of a traced array (its global shape when nothing types it: an Auto
-mesh, no mesh, or eager code).
+mesh, no mesh, or eager code); ``whole`` gathers an array an operation needs
+unsplit (an SVD) where Explicit axes split it, and ``laid_out_like`` puts a
+result back in the layout of the state it replaces.
 """
 
 import jax
 from jax.sharding import AbstractMesh
 from jax.sharding import AxisType
 from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-__all__ = ["eval_shape_typed", "explicit_abstract_mesh", "shard_shape"]
+__all__ = ["eval_shape_typed", "explicit_abstract_mesh", "explicit_sharding",
+           "laid_out_like", "shard_shape", "whole"]
 
 
 def explicit_abstract_mesh(mesh) -> AbstractMesh:
@@ -51,3 +55,31 @@ def shard_shape(x) -> tuple[int, ...]:
   if not isinstance(sharding, NamedSharding) or not sharding.mesh.axis_names:
     return tuple(aval.shape)
   return tuple(sharding.shard_shape(tuple(aval.shape)))
+
+
+def explicit_sharding(x) -> NamedSharding | None:
+  """``x``'s sharding where Explicit axes type it (inside a trace on such a
+  mesh), else None."""
+  sharding = getattr(jax.typeof(x), "sharding", None)
+  if isinstance(sharding, NamedSharding) and any(
+      kind == AxisType.Explicit for kind in sharding.mesh.axis_types):
+    return sharding
+  return None
+
+
+def whole(x):
+  """``x`` unsplit on every device where its type splits it over Explicit
+  axes (operations such as ``jnp.linalg.svd`` refuse split operands there);
+  ``x`` itself otherwise (on Auto axes the partitioner gathers as needed)."""
+  sharding = explicit_sharding(x)
+  if sharding is None or all(entry is None for entry in sharding.spec):
+    return x
+  return jax.sharding.reshard(x, sharding.update(spec=P()))
+
+
+def laid_out_like(x, like):
+  """``x`` in ``like``'s layout where Explicit axes type ``like`` (e.g. a
+  fresh result about to replace the state ``like`` in one branch of a
+  ``cond``); ``x`` itself otherwise."""
+  sharding = explicit_sharding(like)
+  return x if sharding is None else jax.sharding.reshard(x, sharding)

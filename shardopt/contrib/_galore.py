@@ -15,9 +15,11 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from shardopt._src import base
 from shardopt._src import numerics
+from shardopt._src import typed_layouts
 from shardopt._src.transforms import adam as adam_lib
 from shardopt._src.transforms import scaling
 from shardopt._src.transforms import weight_decay as weight_decay_lib
@@ -97,8 +99,23 @@ def _projector_and_proxy(param, dims, rank):
           _zeros_along(rows, matrix.rank, True))
 
 
+def _project(projector, grad_2d, left: bool):
+  """The low-rank gradient, split along the kept dimension as the proxy
+  ``_projector_and_proxy`` built is (on Explicit axes the contraction over
+  a split dimension must say where its sum goes)."""
+  out = None
+  sharding = typed_layouts.explicit_sharding(grad_2d)
+  if sharding is not None:
+    spec = tuple(sharding.spec) + (None,) * (2 - len(sharding.spec))
+    out = sharding.update(spec=P(None, spec[1]) if left else P(spec[0], None))
+  if left:
+    return jnp.matmul(projector.T, grad_2d, out_sharding=out)
+  return jnp.matmul(grad_2d, projector, out_sharding=out)
+
+
 def _svd_projector(grad_2d, matrix: _Matrix):
-  u, _, vh = jnp.linalg.svd(grad_2d.astype(jnp.float32), full_matrices=False)
+  u, _, vh = jnp.linalg.svd(typed_layouts.whole(grad_2d).astype(jnp.float32),
+                            full_matrices=False)
   chosen = u[:, :matrix.rank] if matrix.left else vh[:matrix.rank, :].T
   return chosen.astype(grad_2d.dtype)
 
@@ -176,10 +193,10 @@ def scale_by_galore(
         return grad, projector
       matrix = _matrix(grad.shape, d, rank)
       grad_2d = matrix.to_2d(grad)
-      projector = jax.lax.cond(refresh, lambda: _svd_projector(grad_2d, matrix),
-                               lambda: projector)
-      low = projector.T @ grad_2d if matrix.left else grad_2d @ projector
-      return low, projector
+      fresh = lambda: typed_layouts.laid_out_like(
+          _svd_projector(grad_2d, matrix), projector)
+      projector = jax.lax.cond(refresh, fresh, lambda: projector)
+      return _project(projector, grad_2d, matrix.left), projector
 
     def project_back(low_update, projector, grad, d):
       if d is None:

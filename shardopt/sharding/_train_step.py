@@ -15,7 +15,9 @@ and the update runs through ``update_in_layout``, like ``opt.update``.
   layout and lays them out in the params' own); the
   default, ``value``, ``grad`` and ``value_fn``, is what L-BFGS, the line
   searches and Polyak's step read (Sophia reads ``obj_fn``).
-  Transformations that take none ignore them.
+  Transformations that take none ignore them; one whose ``update`` refuses
+  unknown keywords (optax's and shardopt's ``contrib.sam``) needs
+  ``extra_args=()``.
 * ``with_key``: the step takes a PRNG key (fresh per step, e.g.
   ``jax.random.fold_in(root, step)``) and passes it to
   ``loss_fn(params, batch, key)``, e.g. for dropout.
