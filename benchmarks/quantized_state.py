@@ -1,7 +1,9 @@
 """8-bit and 4-bit optimizer state against float32 state, sharded.
 
 For each optimizer, float32 state against ``shardopt.quantized_state`` (8 and
-4 bits, tiles fitted to the params' shardings and the ZeRO axis) on:
+4 bits, tiles fitted to the params' shardings and the ZeRO axis), each with
+both code families of ``quantized_state(..., code=)``: ``dynamic``
+(Dettmers et al.) and ``companded`` (FlashOptim), on:
 
 * the LM demo (``launch.model`` defaults, 'tp' rules, data=2 x model=4 mesh,
   ZeRO over data, global-norm clipping 1.0, warmup-cosine schedule): held-out
@@ -13,7 +15,10 @@ For each optimizer, float32 state against ``shardopt.quantized_state`` (8 and
   and the largest per-device state against the ideal (all state / 8);
 * step time of ``opt.update`` against float32 state on the same sharded tree,
   interleaved repetitions in one process;
-* the optimizer state's bytes on disk (``checkpoints.CheckpointManager``).
+* the optimizer state's bytes on disk (``checkpoints.CheckpointManager``);
+* where the update's time goes: operations per element of quantizing and
+  dequantizing with each code book, the kernels of the compiled update and
+  each kind's kernel time from a profile.
 
 Run from the repository root:  python -m benchmarks.quantized_state
 Writes benchmarks/results/quantized_state.md.
@@ -30,11 +35,13 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8"
 import argparse
 import collections
 import pathlib
+import re
 import sys
 import tempfile
 import time
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 
@@ -46,6 +53,8 @@ from launch.model import Transformer
 from launch.model import next_token_loss
 import partitioning
 import shardopt
+from shardopt._src.quantization import blocks
+from shardopt._src.quantization import codes
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "quantized_state.md"
 BATCH, LENGTH, EVAL_BATCHES, WARMUP = 32, 65, 4, 20
@@ -61,12 +70,18 @@ OPTIMIZERS = {
     "lion": (3e-4, shardopt.lion),
     "adafactor+momentum": (1e-2, lambda lr: shardopt.adafactor(lr, momentum=0.9)),
 }
+# Quantized state: (bits, code); None is float32 state.
+VARIANTS = [None] + [(bits, code) for bits in (8, 4) for code in codes.CODES]
 
 
 # The demo model, and a wider one (same layers) whose per-leaf checkpoint
 # metadata is small next to its arrays.
 DEMO = ModelConfig()
 WIDE = ModelConfig(d_model=256, head_dim=64, mlp=1024)
+
+
+def label(variant) -> str:
+  return "float32" if variant is None else f"{variant[0]}-bit {variant[1]}"
 
 
 def lm_setup(config=DEMO):
@@ -83,14 +98,15 @@ def lm_setup(config=DEMO):
   return mesh, model, shapes, shardings, init
 
 
-def build(name, bits, steps, shardings, min_size=4096):
+def build(name, variant, steps, min_size=4096):
   peak, factory = OPTIMIZERS[name]
   schedule = shardopt.warmup_cosine_decay_schedule(
       0.0, peak, WARMUP, steps, end_value=0.1 * peak)
   tx = shardopt.chain(shardopt.clip_by_global_norm(1.0), factory(schedule))
-  if bits is None:
+  if variant is None:
     return tx
-  return shardopt.quantized_state(tx, bits=bits, min_size=min_size)
+  bits, code = variant
+  return shardopt.quantized_state(tx, bits=bits, min_size=min_size, code=code)
 
 
 def state_bytes(state, n_params, devices):
@@ -107,9 +123,9 @@ def state_bytes(state, n_params, devices):
   return unique / n_params, max(per_device.values()) / (unique / devices)
 
 
-def train_lm(name, bits, seeds, steps, setup, corpus):
+def train_lm(name, variant, seeds, steps, setup, corpus):
   mesh, model, shapes, shardings, init = setup
-  tx = build(name, bits, steps, shardings)
+  tx = build(name, variant, steps)
   opt = shardopt.make_sharded_optimizer(tx, shapes, shardings,
                                         shard_state_over="data")
   loss_fn = lambda p, tokens: next_token_loss(model, p, tokens)
@@ -131,12 +147,12 @@ def train_lm(name, bits, seeds, steps, setup, corpus):
   return np.array(losses)
 
 
-def measure_layout(name, bits, setup, n_params, corpus, steps=20):
+def measure_layout(name, variant, setup, n_params, corpus, steps=20):
   """After ``steps`` training steps (so the state is not all zeros): state
   bytes per param, per-device ratios (all state; state of the matrices),
   checkpoint bytes, and the optimizer with its params and state."""
   mesh, model, shapes, shardings, init = setup
-  opt = shardopt.make_sharded_optimizer(build(name, bits, 200, shardings),
+  opt = shardopt.make_sharded_optimizer(build(name, variant, 200),
                                         shapes, shardings,
                                         shard_state_over="data")
   params = init(jax.random.key(0))
@@ -161,10 +177,17 @@ def measure_layout(name, bits, setup, n_params, corpus, steps=20):
   return opt, params, state, per_param, ratio, disk
 
 
-def time_updates(layouts, setup, rounds=7, steps=10):
-  """Seconds per ``opt.update`` for each layout, interleaved rounds."""
-  init = setup[-1]
-  grads = jax.tree.map(lambda p: 1e-3 * jnp.ones_like(p), init(jax.random.key(1)))
+def _grads(setup):
+  return jax.tree.map(lambda p: 1e-3 * jnp.ones_like(p),
+                      setup[-1](jax.random.key(1)))
+
+
+def time_updates(layouts, setup, rounds=15, steps=10):
+  """Per layout: (median seconds per ``opt.update``, median over rounds of
+  its time over float32's in the same round). Rounds interleave the layouts,
+  so load that changes between rounds cancels in the ratios. ``layouts``
+  gets the updated (donated) params and state."""
+  grads = _grads(setup)
   live = {k: [v[1], v[2]] for k, v in layouts.items()}
   times = collections.defaultdict(list)
   for _ in range(rounds):
@@ -178,38 +201,150 @@ def time_updates(layouts, setup, rounds=7, steps=10):
         jax.block_until_ready(state)
       times[key].append((time.perf_counter() - start) / steps)
       live[key] = [params, state]
-  return {k: float(np.median(v)) for k, v in times.items()}
+  for key, (params, state) in live.items():
+    layouts[key] = (layouts[key][0], params, state)
+  base = np.asarray(times[None])
+  return {k: (float(np.median(v)), float(np.median(np.asarray(v) / base)))
+          for k, v in times.items()}
 
 
 def layout_table(tree, setup, corpus):
-  """Rows of the layout table (float32, 8-bit, 4-bit AdamW) for one tree."""
+  """Rows of the layout table (float32 and each quantized AdamW variant) for
+  one tree, and the optimizers with their params and state."""
   n_params = sum(x.size for x in jax.tree.leaves(setup[2]))
   rows, layouts = [], {}
-  for bits in (None, 8, 4):
+  for variant in VARIANTS:
     opt, params, state, per_param, ratio, disk = measure_layout(
-        "adamw", bits, setup, n_params, corpus)
-    layouts[bits] = (opt, params, state)
-    rows.append((bits, per_param, ratio, disk))
+        "adamw", variant, setup, n_params, corpus)
+    layouts[variant] = (opt, params, state)
+    rows.append((variant, per_param, ratio, disk))
   step_times = time_updates(layouts, setup)
   disk32 = rows[0][3]
   return [
-      f"| {tree} ({n_params:,}) | {'float32' if b is None else f'{b}-bit'} |"
+      f"| {tree} ({n_params:,}) | {label(v)} |"
       f" {pp:.3f} | {r[0]:.3f} | {r[1]:.3f} |"
-      f" {step_times[b] * 1e3:.2f} ms ({step_times[b] / step_times[None]:.2f}x) |"
+      f" {step_times[v][0] * 1e3:.2f} ms ({step_times[v][1]:.2f}x) |"
       f" {d[0]:,} ({d[0] / disk32[0]:.1%}) | {d[1]:,} ({d[1] / disk32[1]:.1%}) |"
-      for b, pp, r, d in rows]
+      for v, pp, r, d in rows], layouts
+
+
+# --- where the time goes ---------------------------------------------------
+
+_STRUCTURAL = {"reshape", "broadcast_in_dim", "squeeze", "expand_dims", "pjit"}
+
+
+def _elementwise_ops(fn, arg, size: int) -> int:
+  """Operations in ``fn(arg)``'s jaxpr with an output of ``size`` elements
+  (or half as many, 4-bit pairs): the work per element, reshapes and
+  broadcasts left out."""
+  sizes = {size, size // 2}
+  def count(jaxpr):
+    n = 0
+    for eqn in jaxpr.eqns:
+      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        n += count(sub)
+      if eqn.primitive.name not in _STRUCTURAL and any(
+          getattr(v.aval, "size", 0) in sizes for v in eqn.outvars):
+        n += 1
+    return n
+  return count(jax.make_jaxpr(fn)(arg).jaxpr)
+
+
+def op_rows() -> list[str]:
+  """Per code book: its largest error and the elementwise operations of
+  quantizing and dequantizing a (256, 1024) leaf (tile (1, 256) at 8 bits,
+  (1, 128) at 4)."""
+  rows = []
+  x = jax.ShapeDtypeStruct((256, 1024), jnp.float32)
+  for bits in (8, 4):
+    tile = (1, 256 if bits == 8 else 128)
+    for code in codes.CODES:
+      for signed in (True, False):
+        book = codes.code_book(bits, signed, code)
+        quantize = lambda v: blocks.quantize(v, tile, book, bits)
+        stored = jax.eval_shape(quantize, x)
+        dequantize = lambda q: blocks.dequantize(q, tile, book, bits, jnp.float32)
+        rows.append(
+            f"| {bits} | {code} | {'signed' if signed else 'non-negative'} |"
+            f" `{book.name}` | {codes.max_error(book):.4g} |"
+            f" {_elementwise_ops(quantize, x, x.size)} |"
+            f" {_elementwise_ops(dequantize, stored, x.size)} |")
+  return rows
+
+
+def _kernels(hlo: str) -> collections.Counter:
+  """Kernels of a compiled program's entry computation, by kind."""
+  entry = hlo[hlo.index("ENTRY"):]
+  return collections.Counter(re.findall(
+      r"= \S+ (fusion|copy|concatenate|all-gather|all-reduce|all-to-all"
+      r"|collective-permute)(?:-start)?\(", entry))
+
+
+def _kernel_times(opt, params, state, grads, steps=10) -> collections.Counter:
+  """Per kernel kind (XLA's fusion name without its number): the sum over
+  the kind's kernels of each one's shortest run (over devices and steps),
+  times 8 devices. Shortest runs leave out most of the other processes'
+  load; collectives (their runs include waiting for the slowest device) are
+  summed as one kind."""
+  with tempfile.TemporaryDirectory() as tmp:
+    jax.profiler.start_trace(tmp)
+    for _ in range(steps):
+      params, state = opt.update(grads, state, params)
+      jax.block_until_ready(state)
+    jax.profiler.stop_trace()
+    trace = next(pathlib.Path(tmp).rglob("*.xplane.pb"))
+    profile = jax.profiler.ProfileData.from_file(str(trace))
+  shortest = {}
+  for plane in profile.planes:
+    for line in plane.lines:
+      if not line.name.startswith("tf_XLA"):
+        continue
+      for event in line.events:
+        name = event.name
+        if ("Thunk" in name or name.startswith(("end:", "[")) or "Wait" in name
+            or "endezvous" in name or "Execute" in name):
+          continue
+        shortest[name] = min(shortest.get(name, np.inf), event.duration_ns)
+  kinds = collections.Counter()
+  for name, ns in shortest.items():
+    kind = re.sub(r"[.\d]+$", "", name)
+    kinds["collectives" if kind.startswith("all-") else kind] += ns * 8 / 1e3
+  return kinds
+
+
+def breakdown_tables(layouts, setup):
+  """(kernel counts, kernel times in microseconds) per variant, as rows."""
+  grads = _grads(setup)
+  counts, times = {}, {}
+  for variant, (opt, params, state) in layouts.items():
+    counts[variant] = _kernels(
+        opt.update.lower(grads, state, params).compile().as_text())
+    times[variant] = _kernel_times(opt, params, state, grads)
+  header = ["| kernel | " + " | ".join(label(v) for v in layouts) + " |",
+            "|---" * (len(layouts) + 1) + "|"]
+  kinds = sorted({k for c in counts.values() for k in c})
+  count_rows = header + [
+      f"| {k} | " + " | ".join(str(counts[v][k]) for v in layouts) + " |"
+      for k in kinds]
+  names = sorted({k for t in times.values() for k in t},
+                 key=lambda k: -max(t[k] for t in times.values()))
+  time_rows = header + [
+      f"| {k} | " + " | ".join(f"{times[v][k]:,.0f}" for v in layouts) + " |"
+      for k in names if max(t[k] for t in times.values()) >= 100] + [
+      "| all | " + " | ".join(f"{sum(times[v].values()):,.0f}"
+                              for v in layouts) + " |"]
+  return count_rows, time_rows
 
 
 def mlp_rows(steps):
   params, loss_fn = low_precision.make_problem(width=256)
   rows = []
   for name in OPTIMIZERS:
-    shardings = None
-    f32, _ = low_precision.train(build(name, None, steps, shardings), params,
+    f32, _ = low_precision.train(build(name, None, steps), params,
                                  loss_fn, steps)
     cells = [f"{f32:.5f}"]
-    for bits in (8, 4):
-      loss, _ = low_precision.train(build(name, bits, steps, shardings, 256),
+    for variant in VARIANTS[1:]:
+      loss, _ = low_precision.train(build(name, variant, steps, 256),
                                     params, loss_fn, steps)
       cells.append(f"{loss:.5f} ({(loss - f32) / f32:+.2%})")
     rows.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -217,47 +352,63 @@ def mlp_rows(steps):
   return rows
 
 
+def lm_row(name, seeds, steps, setup, corpus) -> str:
+  """One row of the LM table: float32 and quantized held-out losses."""
+  base = train_lm(name, None, seeds, steps, setup, corpus)
+  cells = [f"{base.mean():.4f} ± {base.std():.4f}"]
+  for variant in VARIANTS[1:]:
+    if variant[0] not in LM_BITS[name]:
+      cells.append("not run")
+      continue
+    q = train_lm(name, variant, seeds, steps, setup, corpus)
+    rel = (q.mean() - base.mean()) / base.mean()
+    cells.append(f"{q.mean():.4f} ± {q.std():.4f} ({rel:+.2%})")
+    print(name, label(variant), cells[-1], flush=True)
+  return f"| {name} | " + " | ".join(cells) + " |"
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--steps", type=int, default=200)
   parser.add_argument("--seeds", type=int, default=3)
   parser.add_argument("--mlp-steps", type=int, default=300)
+  parser.add_argument("--optimizers", default=",".join(OPTIMIZERS),
+                      help="comma-separated LM rows to run (AdamW's first)")
   args = parser.parse_args(argv)
+  names = args.optimizers.split(",")
+  unknown = sorted(set(names) - set(OPTIMIZERS))
+  if unknown:
+    parser.error(f"--optimizers: unknown {unknown}; expected some of "
+                 f"{list(OPTIMIZERS)}")
   command = "python -m benchmarks.quantized_state " + " ".join(
       sys.argv[1:] if argv is None else argv)
   setup = lm_setup()
   corpus = data.load_corpus()
   seeds = list(range(args.seeds))
 
-  table_layout, lm, mlp = [], [], []
-  write = lambda status: write_results(command, args, table_layout, lm, mlp, status)
-  for i, name in enumerate(OPTIMIZERS):  # AdamW (the acceptance numbers) first
-    lm.append(lm_row(name, seeds, args.steps, setup, corpus))
-    print(lm[-1], flush=True)
+  results = collections.defaultdict(list)
+  write = lambda status: write_results(command, args, results, status)
+  results["ops"] = op_rows()
+  for i, name in enumerate(names):
+    results["lm"].append(lm_row(name, seeds, args.steps, setup, corpus))
+    print(results["lm"][-1], flush=True)
     write("partial: LM runs, layout and MLP still running")
     if i == 0:
-      for tree, tree_setup in (("demo", setup), ("wide", lm_setup(WIDE))):
-        table_layout += layout_table(tree, tree_setup, corpus)
-      print("\n".join(table_layout), flush=True)
-      mlp += mlp_rows(args.mlp_steps)
+      for tree, config in (("demo", DEMO), ("wide", WIDE)):
+        tree_setup = setup if config is DEMO else lm_setup(config)
+        rows, layouts = layout_table(tree, tree_setup, corpus)
+        results["layout"] += rows
+        print("\n".join(rows), flush=True)
+      results["kernels"], results["kernel_times"] = breakdown_tables(
+          layouts, tree_setup)
+      write("partial: LM runs and MLP still running")
+      results["mlp"] = mlp_rows(args.mlp_steps)
   write("")
 
 
-def lm_row(name, seeds, steps, setup, corpus) -> str:
-  """One row of the LM table: float32 and quantized held-out losses."""
-  base = train_lm(name, None, seeds, steps, setup, corpus)
-  cells = [f"{base.mean():.4f} ± {base.std():.4f}"]
-  for bits in (8, 4):
-    if bits not in LM_BITS[name]:
-      cells.append("not run")
-      continue
-    q = train_lm(name, bits, seeds, steps, setup, corpus)
-    rel = (q.mean() - base.mean()) / base.mean()
-    cells.append(f"{q.mean():.4f} ± {q.std():.4f} ({rel:+.2%})")
-  return f"| {name} | " + " | ".join(cells) + " |"
-
-
-def write_results(command, args, table_layout, lm, mlp, status) -> None:
+def write_results(command, args, results, status) -> None:
+  variants = " | ".join(label(v) for v in VARIANTS)
+  rule = "|---" * (len(VARIANTS) + 1) + "|"
   RESULTS.parent.mkdir(exist_ok=True)
   RESULTS.write_text("\n".join([
       "# Quantized (8-bit / 4-bit) optimizer state against float32 state",
@@ -266,7 +417,11 @@ def write_results(command, args, table_layout, lm, mlp, status) -> None:
       (f"Command: `{command.strip()}` (from the repository root; CPU, 8 simulated"
        f" devices, jax {jax.__version__}). Quantized state: `shardopt.quantized_state`"
        " with its default block sizes (256 at 8 bits, 128 at 4 bits), tiles fitted"
-       " to the params' shardings and the ZeRO axis."),
+       " to the params' shardings and the ZeRO axis, and each code family"
+       " (`code=\"dynamic\"`: Dettmers et al.'s dynamic code, at 4 bits Li et al.'s"
+       " linear zero-free code of the root for second moments; `code=\"companded\"`:"
+       " FlashOptim's companded `2x / (1 + |x|)` for signed moments, the linear"
+       " zero-free code of the root for second moments)."),
       "",
       "## AdamW state on the LM trees, data=2 x model=4, ZeRO over data",
       "",
@@ -275,12 +430,14 @@ def write_results(command, args, table_layout, lm, mlp, status) -> None:
       " fullest device's state bytes over (all state bytes / 8); the norm scales"
       " (64 elements) are below ZeRO's 4 KiB threshold and replicate (next column:"
       " all other leaves). Measured after 20 training steps. Step time:"
-      " median of 7 interleaved rounds of 10 donated `opt.update` calls on the same"
-      " sharded tree. Checkpoint: the optimizer state alone saved with"
-      " `checkpoints.CheckpointManager`: the array chunk files (`d/`, the"
-      " optimizer-state bytes) and all files of the step (adds per-leaf"
-      " metadata: paths, shardings, checksums; quantized state has two leaves"
-      " per moment)."),
+      " median of 15 interleaved rounds of 10 donated `opt.update` calls on the"
+      " same sharded tree, and in parentheses the median over the rounds of its"
+      " time over float32's in the same round (the machine is shared: absolute"
+      " times vary with its load, ratios much less). Checkpoint: the optimizer"
+      " state alone saved with `checkpoints.CheckpointManager`: the array chunk"
+      " files (`d/`, the optimizer-state bytes) and all files of the step (adds"
+      " per-leaf metadata: paths, shardings, checksums; quantized state has two"
+      " leaves per moment)."),
       "",
       (f"Trees: the demo model and a wider one ({WIDE}), both 'tp' rules."),
       "",
@@ -288,7 +445,38 @@ def write_results(command, args, table_layout, lm, mlp, status) -> None:
        " the norm scales' state | step time (vs float32) | checkpoint array data"
        " bytes (vs float32) | checkpoint all files (vs float32) |"),
       "|---|---|---|---|---|---|---|---|",
-      *table_layout,
+      *results["layout"],
+      "",
+      "## Where the update's time goes",
+      "",
+      ("Per code book: the largest error of a stored value (`codes.max_error`,"
+       " in units of the block's absmax; for a root book of the root, in units"
+       " of the absmax's root) and the elementwise operations per element of"
+       " quantizing and dequantizing a (256, 1024) leaf (operations in the"
+       " traced program whose output has one value per element, or per pair at"
+       " 4 bits; reshapes and broadcasts left out). Quantizing also reduces each"
+       " block to its absmax (one pass over a materialized input)."),
+      "",
+      ("| bits | code | moments | book | max error | quantize ops / element |"
+       " dequantize ops / element |"),
+      "|---|---|---|---|---|---|---|",
+      *results["ops"],
+      "",
+      ("Kernels of the compiled AdamW update (`opt.update`) on the wide tree,"
+       " one device's program (every device runs the same): loops are XLA"
+       " fusions, each one pass over its operands."),
+      "",
+      *results["kernels"],
+      "",
+      ("Kernel time of one update on the wide tree in microseconds, by kernel"
+       " kind (XLA's fusion names): from a `jax.profiler` trace of 10 updates,"
+       " the sum over kernels of each one's shortest run on any device, times"
+       " the 8 devices: the CPU time the kernels need with the other processes'"
+       " load left out. Collectives' runs include waiting for the slowest"
+       " device. Kinds under 100 us in every column left out of the rows (not of"
+       " `all`)."),
+      "",
+      *results["kernel_times"],
       "",
       f"## LM demo: held-out loss after {args.steps} steps, {args.seeds} seeds (mean ± std)",
       "",
@@ -298,9 +486,9 @@ def write_results(command, args, table_layout, lm, mlp, status) -> None:
       " in parentheses. Peak learning rates: "
        + ", ".join(f"{k} {v[0]:g}" for k, v in OPTIMIZERS.items()) + "."),
       "",
-      "| optimizer | float32 state | 8-bit state | 4-bit state |",
-      "|---|---|---|---|",
-      *lm,
+      f"| optimizer | float32 state | {variants[len('float32 | '):]} |",
+      rule,
+      *results["lm"],
       "",
       (f"## MLP regression (benchmarks/low_precision.py, width 256), {args.mlp_steps}"
        " full-batch steps, final loss"),
@@ -308,9 +496,9 @@ def write_results(command, args, table_layout, lm, mlp, status) -> None:
       ("Loss goes towards 0 here, so relative differences exaggerate (see"
        " low_precision.md). `min_size=256` so both layers are quantized."),
       "",
-      "| optimizer | float32 state | 8-bit state | 4-bit state |",
-      "|---|---|---|---|",
-      *mlp,
+      f"| optimizer | {variants} |",
+      rule,
+      *results["mlp"],
       "",
   ]))
 
