@@ -43,6 +43,8 @@ LOG_EVERY = 10
 # Shampoo and SOAP at their default block_size (64): on this model d_model
 # (64), the heads and the head dimension are whole blocks, the 256-long
 # vocabulary and mlp dimensions 4 blocks of 64.
+# With blocks fixed by block_size (64), soap was best at its highest rate,
+# 0.03, so 0.1 was added.
 # adafactor, sgd and lion were added later (launch/defaults.py takes every best),
 # with 4 rates: their first runs lost most to the others at the lower rates;
 # adafactor was best at its highest, 0.1, so 0.3 and 1.0 were added.
@@ -52,7 +54,7 @@ SWEEPS = {
     "sgd": (0.1, 0.3, 1.0, 3.0),
     "lion": (3e-4, 1e-3, 3e-3, 1e-2),
     "adamw": (3e-3, 1e-2, 3e-2),
-    "soap": (3e-3, 1e-2, 3e-2),
+    "soap": (3e-3, 1e-2, 3e-2, 1e-1),
     "shampoo": (3e-3, 1e-2, 3e-2),
 }
 
@@ -164,8 +166,9 @@ def _write(args, results: dict, default_runs: dict, planned: int, started: float
       "",
       (f"Command: `{command}` (repository root; {done} runs of"
        f" `python -m launch.train`, {args.steps} steps each, seed {args.seed};"
-       + (f" {kept} of them taken from the file by --keep, as an earlier invocation of the"
-          " same code wrote them;" if kept else "")
+       + (f" {kept} of them taken from the file by --keep, as earlier invocations wrote"
+          " them, with the code of their time (the default-lr runs below are all from"
+          " this invocation);" if kept else "")
        + f" {(time.time() - started) / 60:.1f} min for the runs of this invocation).{partial}"),
       "",
       ("Same model, batches (from the training slice of the corpus), schedule"

@@ -22,7 +22,7 @@ __all__ = ["FALLBACK", "LEARNING_RATES", "LINE_SEARCH", "SOURCE", "describe",
 
 SOURCE = "benchmarks/results/matrix_optimizers.md"
 LEARNING_RATES = {
-    "muon": 0.03, "adamw": 0.01, "adam": 0.01, "soap": 0.01, "shampoo": 0.01,
+    "muon": 0.03, "adamw": 0.01, "adam": 0.01, "soap": 0.03, "shampoo": 0.01,
     "adafactor": 0.1, "sgd": 1.0, "lion": 0.003,
 }
 FALLBACK = 3e-3

@@ -70,8 +70,12 @@ def _padding_last(stat, shape, block, dim):
   diagonal = pad[:, :, None] * np.eye(block[dim], dtype=bool)  # (n, b, b)
   diagonal = diagonal.reshape([pad.shape[0] if i == dim else 1 for i in range(k)]
                               + [block[dim]] * 2)
-  trace = jnp.trace(stat, axis1=-2, axis2=-1)[..., None, None]
+  trace = blockwise(_trace, k, stat)  # one block at a time: the same sums anywhere
   return stat - diagonal * (trace + jnp.finfo(stat.dtype).tiny)
+
+
+def _trace(block):
+  return jnp.trace(block).reshape(1, 1)
 
 
 def _refresh(stats, bases, nu, first):
