@@ -16,10 +16,10 @@ import shardopt
 from shardopt._src.quantization import blocks
 from shardopt._src.quantization import codes
 
-# (bits, signed, code); the 4-bit unsigned book is the same in both codes.
+# (bits, signed, code)
 BOOKS = [(8, True, "dynamic"), (8, False, "dynamic"), (4, True, "dynamic"),
          (4, False, "dynamic"), (8, True, "companded"), (8, False, "companded"),
-         (4, True, "companded")]
+         (4, True, "companded"), (4, False, "companded")]
 
 
 def _encode(book, entries):
@@ -52,7 +52,9 @@ def test_four_bit_tables_by_hand():
   np.testing.assert_allclose(codes.code_book(4, True, "companded").values,
                              [-v for v in companded[::-1]] + [0.0] + companded,
                              rtol=1e-6)
-  assert codes.code_book(4, False, "companded").name == codes.code_book(4, False).name
+  # Minifloat e4m0: the powers of two 2**-15 ... 1.
+  np.testing.assert_array_equal(codes.code_book(4, False, "companded").values,
+                                2.0 ** np.arange(-15, 1))
 
 
 def test_eight_bit_companded_tables_by_hand():
@@ -60,15 +62,18 @@ def test_eight_bit_companded_tables_by_hand():
   np.testing.assert_allclose(
       codes.code_book(8, True, "companded").values,
       np.concatenate([-(k / (254 - k))[::-1], [0.0], k / (254 - k)]), rtol=1e-6)
-  np.testing.assert_allclose(codes.code_book(8, False, "companded").values,
-                             np.arange(1, 257) / 256, rtol=0)
+  # Minifloat e5m3: octave 2**e (e = -31 ... -1) in 8 steps, then 1.
+  octaves = 2.0 ** np.arange(-31, 0)
+  np.testing.assert_array_equal(
+      codes.code_book(8, False, "companded").values,
+      np.append((octaves[:, None] * (1 + np.arange(8) / 8)).ravel(), 1.0))
 
 
 @pytest.mark.parametrize("bits,signed,code,size,smallest", [
     (8, True, "dynamic", 255, 1e-6), (8, False, "dynamic", 256, 1e-7),
     (4, True, "dynamic", 15, 1e-2), (4, False, "dynamic", 16, 1 / 16),
-    (8, True, "companded", 255, 1 / 253), (8, False, "companded", 256, 1 / 256),
-    (4, True, "companded", 15, 1 / 13)])
+    (8, True, "companded", 255, 1 / 253), (8, False, "companded", 249, 2.0 ** -31),
+    (4, True, "companded", 15, 1 / 13), (4, False, "companded", 16, 2.0 ** -15)])
 def test_table_sizes_extremes_and_zero(bits, signed, code, size, smallest):
   book = codes.code_book(bits, signed, code)
   values = book.values
@@ -110,7 +115,8 @@ def test_every_entry_encodes_to_itself(bits, signed, code):
   np.testing.assert_array_equal(_decode(book, index), book.values)
 
 
-@pytest.mark.parametrize("bits,code", [(8, "dynamic"), (8, "companded"), (4, "dynamic")])
+@pytest.mark.parametrize("bits,code", [(8, "dynamic"), (8, "companded"), (4, "dynamic"),
+                                       (4, "companded")])
 def test_unsigned_codes_never_round_a_positive_value_to_zero(bits, code):
   book = codes.code_book(bits, False, code)
   x = jnp.asarray([0.0, 1e-30, 1e-9, 1e-3, -0.5], jnp.float32)
@@ -148,12 +154,14 @@ def _coded(book, x):
 # dynamic, half the widest gap (the top decade's 2**levels steps of 0.9);
 # linear zero-free, the distance from 0 to its first entry 1 / 2**bits;
 # companded (x_k = k / (2L - k)), from the boundary (2L - 1) / (2L + 1) up
-# to 1: 2 / (2L + 1), the widest (the gap past the boundary grows with k).
+# to 1: 2 / (2L + 1), the widest (the gap past the boundary grows with k);
+# minifloat, half the top octave's step: (1/2) / 2**mantissa_bits / 2.
 MAX_ERROR = {
     "dynamic-signed-8": 0.9 / 64 / 2, "dynamic-unsigned-8": 0.9 / 128 / 2,
     "dynamic-signed-4": 0.9 / 4 / 2, "linear-zero-free-sqrt-4": 1 / 16,
     "linear-zero-free-sqrt-8": 1 / 256, "companded-signed-8": 2 / 255,
-    "companded-signed-4": 2 / 15,
+    "companded-signed-4": 2 / 15, "minifloat-zero-free-8": 1 / 32,
+    "minifloat-zero-free-4": 1 / 4,
 }
 
 
@@ -204,7 +212,8 @@ def test_signed_extremes_and_unsigned_negatives(code):
   np.testing.assert_array_equal(got[0, :3], [-3.0, 3.0, 0.0])
   book = codes.code_book(8, False, code)
   _, got = _round_trip(book, 8, (1, 4), x)
-  smallest = book.values[0] ** 2 * 3.0 if book.root else 0.0  # root: sqrt(3)
+  # 0, or a zero-free book's first entry (of a root book, squared) times 3.
+  smallest = book.values[0] ** (2 if book.root else 1) * 3.0
   np.testing.assert_allclose(got[0, :3], [smallest, 3.0, smallest], rtol=1e-6)
 
 
@@ -259,15 +268,15 @@ def test_companded_momentum_by_hand():
 
 @pytest.mark.parametrize("bits", [8, 4])
 def test_quantized_state_takes_the_code(bits):
-  """``quantized_state(..., code="companded")`` stores each moment in the
-  companded family's books and its Adam update stays near float state's."""
+  """``quantized_state(..., code="dynamic")`` stores each moment in the
+  dynamic family's books and its Adam update stays near float state's."""
   rng = np.random.default_rng(3)
   params = {"w": jnp.asarray(rng.standard_normal((64, 128)), jnp.float32)}
-  tx = shardopt.quantized_state(shardopt.adam(1e-2), bits, code="companded")
+  tx = shardopt.quantized_state(shardopt.adam(1e-2), bits, code="dynamic")
   report = shardopt.describe_quantized_state(tx, params)
   assert {l.path: l.stored for l in report.leaves} == {
-      "[0].mu['w']": f"companded-signed-{bits}",
-      "[0].nu['w']": f"linear-zero-free-sqrt-{bits}"}
+      "[0].mu['w']": f"dynamic-signed-{bits}",
+      "[0].nu['w']": {8: "dynamic-unsigned-8", 4: "linear-zero-free-sqrt-4"}[bits]}
   exact = shardopt.adam(1e-2)
   state, float_state = tx.init(params), exact.init(params)
   for _ in range(3):

@@ -84,12 +84,12 @@ def test_moments_get_the_code_their_state_class_declares():
   report = shardopt.describe_quantized_state(
       shardopt.quantized_state(shardopt.adam(0.1)), params)
   assert _stored(report) == {"[0].mu['w']": "companded-signed-8",
-                             "[0].nu['w']": "linear-zero-free-sqrt-8"}
+                             "[0].nu['w']": "minifloat-zero-free-8"}
   # optax's own Adam, passed in: the documented table (OPTAX_MOMENTS).
   assert _stored(shardopt.describe_quantized_state(
       shardopt.quantized_state(optax.adam(0.1)), params)) == {
           "[0].mu['w']": "companded-signed-8",
-          "[0].nu['w']": "linear-zero-free-sqrt-8"}
+          "[0].nu['w']": "minifloat-zero-free-8"}
 
 
 class Attn(NamedTuple):
@@ -131,7 +131,7 @@ def test_a_param_field_named_v_is_not_a_second_moment():
   report = shardopt.describe_quantized_state(
       shardopt.quantized_state(shardopt.adam(1e-2)), params)
   assert _stored(report)["[0].mu.v"] == "companded-signed-8"
-  assert _stored(report)["[0].nu.v"] == "linear-zero-free-sqrt-8"
+  assert _stored(report)["[0].nu.v"] == "minifloat-zero-free-8"
   errors = _errors_against_float(shardopt.adam(1e-2), params, 5, bits=8)
   assert max(errors) <= 0.05, errors
   assert max(errors) <= 2 * min(errors), errors  # the same for every field
@@ -142,8 +142,8 @@ def test_adan_keeps_the_sign_of_its_gradient_difference_average():
   tx = shardopt.adan(1e-2)
   report = shardopt.describe_quantized_state(
       shardopt.quantized_state(tx, bits=4), params)
-  assert _stored(report)["[0].v['w']"] == "dynamic-signed-4"
-  assert _stored(report)["[0].n['w']"] == "linear-zero-free-sqrt-4"
+  assert _stored(report)["[0].v['w']"] == "companded-signed-4"
+  assert _stored(report)["[0].n['w']"] == "minifloat-zero-free-4"
   quantized = shardopt.quantized_state(tx, bits=4)
   q_state, f_state = quantized.init(params), tx.init(params)
   for step in range(5):
@@ -350,9 +350,13 @@ def test_checkpoint_restores_onto_other_meshes(tmp_path):
     assert jax.tree.structure(got) == jax.tree.structure(target)
     for leaf, want in zip(jax.tree.leaves(got), jax.tree.leaves(target)):
       assert leaf.shape == want.shape and leaf.sharding == want.sharding
-    for g, w in zip(_decoded(got), _decoded(saved)):
-      step = np.max(np.abs(w)) / 7  # one step of the coarsest 4-bit code
-      np.testing.assert_allclose(g, w, atol=step)
+    quantized = [q for q in jax.tree.leaves(saved, is_leaf=_is_q) if _is_q(q)]
+    for g, w, q in zip(_decoded(got), _decoded(saved), quantized):
+      if q.signed:  # one step of the companded 4-bit code, at its coarsest
+        np.testing.assert_allclose(g, w, atol=np.max(np.abs(w)) / 7)
+      else:  # powers of two: 1.5 * 2**k lies 1/3 of itself from either
+        np.testing.assert_allclose(g, w, rtol=1 / 3 + 1e-6,
+                                   atol=np.max(w) * 2.0 ** -15)
     pairs = zip(jax.tree.leaves(got, is_leaf=_is_q), jax.tree.leaves(saved, is_leaf=_is_q))
     same_tiles = [g for g, w in pairs if _is_q(g) and g.tile == w.tile]
     retiled = set(restored.retiled)
@@ -440,6 +444,19 @@ def _float_moves(entry, tx, params):
   return _FLOAT_MOVES[entry.label]
 
 
+# Known exceptions: (entry, bits) -> reason. The error there is measured,
+# and strict: the test fails when it starts to hold.
+_QUANTIZED_EXCEPTIONS = {
+    ("contrib.simplified_ademamix", 4):
+        "the undamped momentum sum m = 0.99 m + g keeps every step's 4-bit "
+        "rounding: 0.41 mean relative error at step 4",
+    ("contrib.scale_by_acprop", 4):
+        "m / sqrt(s), s the average of (g - m)**2, near 0 where a gradient "
+        "matches its average: at 4 bits the raw update (applied at lr 1) is "
+        "0.27 off at step 2 (acprop at lr 0.1: 0.19)",
+}
+
+
 def _transformations():
   from tests import catalogue
   from tests.test_harness import EXCEPTIONS
@@ -447,17 +464,21 @@ def _transformations():
   for e in catalogue.ENTRIES:
     if not e.transformation:
       continue
-    raises, reason = EXCEPTIONS.get((e.label, "sharded_step"), (None, ""))
-    marks = ([pytest.mark.xfail(strict=True, raises=raises, reason=reason)]
-             if raises else [])
-    cases.append(pytest.param(e, id=e.label.replace(" (", ":").rstrip(")"),
-                              marks=marks))
+    for bits in (8, 4):
+      raises, reason = EXCEPTIONS.get((e.label, "sharded_step"), (None, ""))
+      if (e.label, bits) in _QUANTIZED_EXCEPTIONS:
+        raises, reason = AssertionError, _QUANTIZED_EXCEPTIONS[e.label, bits]
+      marks = ([pytest.mark.xfail(strict=True, raises=raises, reason=reason)]
+               if raises else [])
+      cases.append(pytest.param(
+          e, bits, id=f"{e.label.replace(' (', ':').rstrip(')')}-{bits}bit",
+          marks=marks))
   return cases
 
 
 @pytest.mark.parametrize("kind", ["auto", "explicit"])
-@pytest.mark.parametrize("entry", _transformations())
-def test_every_optimizer_with_moments_runs_quantized(entry, kind):
+@pytest.mark.parametrize("entry,bits", _transformations())
+def test_every_optimizer_with_moments_runs_quantized(entry, bits, kind):
   """8 and 4 bits, 5 sharded steps with ZeRO: the update within 5% / 25%
   (mean relative error) of the same optimizer's with float state (whose
   sharded step equals its unsharded one: tests/test_harness.py)."""
@@ -466,20 +487,18 @@ def test_every_optimizer_with_moments_runs_quantized(entry, kind):
   mesh = _mesh(kind=kind)
   shardings = {k: NamedSharding(mesh, spec) for k, (_, spec) in
                _CATALOGUE_LAYOUT.items()}
-  quantized = {bits: shardopt.quantized_state(tx, bits, min_size=_MIN_SIZE)
-               for bits in (8, 4)}
-  report = shardopt.describe_quantized_state(quantized[8], host)
+  quantized_tx = shardopt.quantized_state(tx, bits, min_size=_MIN_SIZE)
+  report = shardopt.describe_quantized_state(quantized_tx, host)
   if not any(l.tile for l in report.leaves):
     pytest.skip(f"no moment of >= {_MIN_SIZE} elements shaped like its param")
   want = _float_moves(entry, tx, host)
-  for bits, quantized_tx in quantized.items():
-    with warnings.catch_warnings():
-      warnings.simplefilter("ignore", shardopt.ReplicatedStateWarning)
-      opt = shardopt.make_sharded_optimizer(
-          quantized_tx, host, shardings, shard_state_over="data", donate=False)
-    with jax.sharding.set_mesh(mesh):
-      got = _moves(opt.init, opt.update, entry,
-                   jax.device_put(host, shardings), _STEPS)
-    for step, (g, w) in enumerate(zip(got, want)):
-      error = _relative_error(g, w)
-      assert error <= _TOLERANCE[bits], (bits, step, error)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", shardopt.ReplicatedStateWarning)
+    opt = shardopt.make_sharded_optimizer(
+        quantized_tx, host, shardings, shard_state_over="data", donate=False)
+  with jax.sharding.set_mesh(mesh):
+    got = _moves(opt.init, opt.update, entry,
+                 jax.device_put(host, shardings), _STEPS)
+  for step, (g, w) in enumerate(zip(got, want)):
+    error = _relative_error(g, w)
+    assert error <= _TOLERANCE[bits], (bits, step, error)

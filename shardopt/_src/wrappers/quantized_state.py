@@ -45,12 +45,6 @@ __all__ = [
 ]
 
 _DEFAULT_BLOCK_SIZE = {8: 256, 4: 128}
-# The code family where ``code`` is not given: at 8 bits companded (AdamW's
-# held-out loss on the LM demo equals the dynamic code's, its update takes
-# two thirds of the time), at 4 bits dynamic (companded's 4-bit signed code
-# stores nothing under 1/13 of a block's absmax: +0.77% held-out loss
-# against float32, dynamic's +0.23%); benchmarks/results/quantized_state.md.
-_DEFAULT_CODE = {8: "companded", 4: "dynamic"}
 _SMALLEST_BLOCK = 32
 
 # While ``describe_quantized_state`` traces ``init``: each quantizer adds
@@ -69,6 +63,12 @@ class _Decision(NamedTuple):
 
 def _is_float(x) -> bool:
   return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)
+
+
+def _ours(stored, inner_leaf) -> bool:
+  """Whether ``stored`` is a leaf this wrapper quantized: ``inner``'s own
+  leaf there is a float array."""
+  return qa.is_quantized(stored) and not qa.is_quantized(inner_leaf)
 
 
 class _Quantizer:
@@ -131,15 +131,17 @@ class _Quantizer:
     return jax.tree.unflatten(treedef, stored)
 
   def update(self, updates, state, params=None, **extra_args):
+    # Decodes (and encodes back) the leaves this wrapper quantized: float in
+    # ``inner``'s own state; an inner quantized_state's stay as they are.
     template = jax.eval_shape(self.inner.init, updates)
     float_state = jax.tree.map(
-        lambda x, t: qa.decode(x, t.dtype) if qa.is_quantized(x) else x,
+        lambda x, t: qa.decode(x, t.dtype) if _ours(x, t) else x,
         state, template, is_leaf=qa.is_quantized)
     new_updates, new_state = self.inner.update(
         updates, float_state, params, **extra_args)
     new_state = jax.tree.map(
-        lambda old, new: qa.requantize(new, old) if qa.is_quantized(old)
-        else new, state, new_state, is_leaf=qa.is_quantized)
+        lambda old, new: qa.requantize(new, old) if _ours(old, new) else new,
+        state, new_state, is_leaf=qa.is_quantized)
     return new_updates, new_state
 
   def _rows(self, state, decisions, stored) -> list[QuantizedLeaf]:
@@ -167,7 +169,7 @@ def quantized_state(
     bits: int = 8,
     block_size: int | None = None,
     min_size: int = 4096,
-    code: str | None = None,
+    code: str = "companded",
 ) -> base.GradientTransformationExtraArgs:
   """Stores the moments of ``inner`` in 8 or 4 bits.
 
@@ -187,10 +189,15 @@ def quantized_state(
   moments) use the unsigned dynamic code at 8 bits and, at 4 bits, the
   linear code without zero of Li et al., applied to ``sqrt(v)``: a positive
   value never gets a zero code, so ``1 / sqrt(v)`` cannot explode.
-  ``"companded"`` (FlashOptim): signed moments as ``2x / (1 + |x|)``
-  rounded to ``2**(bits-1)-1`` steps a side, non-negative moments as the
-  linear zero-free code of ``sqrt(v)`` at both widths; one division or root
-  per element. Default: companded at 8 bits, dynamic at 4 bits. The sign is
+  ``"companded"`` (the default): signed moments in FlashOptim's code,
+  ``2x / (1 + |x|)`` rounded to ``2**(bits-1)-1`` steps a side (one
+  division per element); non-negative moments as unsigned minifloats of
+  ``v`` over its block's largest (8-bit e5m3: 8 steps per octave down to
+  ``2**-31``; 4-bit: the nearest power of two down to ``2**-15``), whose
+  error is relative to each value, so ``1 / sqrt(v)`` is as accurate for a
+  block's small values as for its large ones. Of the two, companded moves
+  the catalogue's updates least (``tests/test_quantized_state.py``) and
+  runs faster (``benchmarks/results/quantized_state.md``). The sign is
   declared with the moment (``shardopt._src.moments``), never read from the
   values or a name.
 
@@ -217,10 +224,8 @@ def quantized_state(
     block_size: elements per block, a power of two; default 256 at 8 bits
       and 128 at 4 bits (4 bytes of scale per block).
     min_size: moments with fewer elements stay in float (default 4096).
-    code: the code family, ``"dynamic"`` or ``"companded"``
-      (``shardopt/_src/quantization/codes.py``); default ``"companded"``
-      at 8 bits and ``"dynamic"`` at 4 bits (the better held-out loss of
-      AdamW on the LM demo, ``benchmarks/results/quantized_state.md``).
+    code: the code family, ``"companded"`` or ``"dynamic"``
+      (``shardopt/_src/quantization/codes.py``).
 
   Returns:
     A ``GradientTransformationExtraArgs`` with ``inner``'s updates computed
@@ -242,7 +247,6 @@ def quantized_state(
                      "power of two >= 2 (e.g. 128 or 256).")
   if min_size < 0:
     raise ValueError(f"quantized_state: min_size={min_size}; expected >= 0.")
-  code = code or _DEFAULT_CODE[bits]
   if code not in codes.CODES:
     raise ValueError(f"quantized_state: code={code!r}; expected one of "
                      f"{codes.CODES}.")
