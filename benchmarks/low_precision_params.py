@@ -169,7 +169,7 @@ def write(command, args, rows, layouts) -> None:
        f" {BATCH} x {LENGTH - 1} tokens, {args.steps} steps; held-out loss on"
        f" {EVAL_BATCHES} batches of the job's held-out slice. bfloat16 runs start from"
        " the float32 init rounded; the model computes in its params' dtype. 8-bit"
-       " moments: `adamw(..., state_bits=8)` (blocks of 256, dynamic code)."),
+       " moments: `adamw(..., state_bits=8)` (blocks of 256, the default companded code)."),
       "",
       f"## Held-out loss, {args.seeds} seeds (mean ± std; relative to the reference's mean)",
       "",

@@ -420,8 +420,9 @@ def write_results(command, args, results, status) -> None:
        " to the params' shardings and the ZeRO axis, and each code family"
        " (`code=\"dynamic\"`: Dettmers et al.'s dynamic code, at 4 bits Li et al.'s"
        " linear zero-free code of the root for second moments; `code=\"companded\"`:"
-       " FlashOptim's companded `2x / (1 + |x|)` for signed moments, the linear"
-       " zero-free code of the root for second moments)."),
+       " FlashOptim's companded `2x / (1 + |x|)` for signed moments, a zero-free"
+       " unsigned minifloat of the value for second moments: e5m3 at 8 bits, the"
+       " powers of two at 4; the default at both widths)."),
       "",
       "## AdamW state on the LM trees, data=2 x model=4, ZeRO over data",
       "",

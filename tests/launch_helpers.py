@@ -16,9 +16,16 @@ TINY = ["--layers", "1", "--d-model", "32", "--heads", "2", "--head-dim", "16",
         "--schedule", "constant", "--log-every", "1"]
 
 
+_DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
 def child_env() -> dict:
-  """Environment for a job subprocess: no inherited device count, shared compile cache."""
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  """Environment for a job subprocess: conftest's XLA flags but the device
+  count (the job sets its own), so it compiles as this process does; a
+  shared compile cache."""
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = " ".join(flag for flag in env.get("XLA_FLAGS", "").split()
+                              if not flag.startswith(_DEVICE_COUNT_FLAG))
   env.update(JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1",
              JAX_COMPILATION_CACHE_DIR=str(ROOT / ".jax_cache"),
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5")

@@ -120,7 +120,7 @@ def test_min_shard_bytes_decides_what_zero_touches():
   plan = _plan(tx, params, shard_state_over="data")
   zero = {l.path: l.zero for l in plan.leaves}
   assert zero["[0].mu['w']"] == "dim 0"
-  assert zero["[0].mu['b']"] == "not sharded: 64 bytes < min_shard_bytes=4096"
+  assert zero["[0].mu['b']"] == "not sharded: its param has 64 bytes < min_shard_bytes=4096"
   big = _plan(tx, params, shard_state_over="data", min_shard_bytes=16 * 1024)
   assert not big.zero_sharded and not big.zero_skipped
   with pytest.raises(ValueError, match="min_shard_bytes=-1"):
