@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import resident
 from benchmarks.quantized_state import DEMO, WIDE, lm_setup
 import shardopt
 
@@ -44,11 +45,7 @@ def _optimizer(setup, bits, memory_kind):
 
 
 def _per_device_bytes(state) -> int:
-  held = collections.Counter()
-  for leaf in jax.tree.leaves(state):
-    for shard in leaf.addressable_shards:
-      held[shard.device] += shard.data.nbytes
-  return max(held.values())
+  return max(resident.unique_and_per_device(state)[1].values())
 
 
 def measure(setup, bits, rounds, steps):

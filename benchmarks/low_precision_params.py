@@ -26,7 +26,6 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8"
                       " --xla_cpu_collective_timeout_seconds=1200")
 
 import argparse
-import collections
 import pathlib
 import sys
 
@@ -34,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import resident
 from benchmarks.quantized_state import BATCH, LENGTH, WARMUP, lm_setup
 from launch import data
 from launch.model import next_token_loss
@@ -97,18 +97,6 @@ def train(config, seeds, steps, corpus, held_out):
   return np.array(losses)
 
 
-def _bytes(tree):
-  unique, per_device = 0, collections.Counter()
-  for leaf in jax.tree.leaves(tree):
-    seen = set()
-    for shard in leaf.addressable_shards:
-      per_device[shard.device] += shard.data.nbytes
-      if str(shard.index) not in seen:
-        seen.add(str(shard.index))
-        unique += shard.data.nbytes
-  return unique, per_device
-
-
 def layout(config, corpus, steps=20):
   """(params bytes / param, state bytes / param, fullest device / (its params'
   share + all state / 8)) after ``steps`` steps."""
@@ -121,8 +109,8 @@ def layout(config, corpus, steps=20):
                                data.sharded_batch(corpus, 0, i, BATCH, LENGTH, mesh))
     loss.block_until_ready()
   n_params = sum(p.size for p in jax.tree.leaves(params))
-  param_bytes, param_device = _bytes(params)
-  state_bytes, state_device = _bytes(state)
+  param_bytes, param_device = resident.unique_and_per_device(params)
+  state_bytes, state_device = resident.unique_and_per_device(state)
   ratio = max((param_device[d] + state_device[d]) / (param_device[d] + state_bytes / 8)
               for d in param_device)
   return param_bytes / n_params, state_bytes / n_params, ratio

@@ -46,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import low_precision
+from benchmarks import resident
 import checkpoints
 from launch import data
 from launch.model import ModelConfig
@@ -111,15 +112,7 @@ def build(name, variant, steps, min_size=4096):
 
 def state_bytes(state, n_params, devices):
   """(bytes per param over unique shards, max per-device bytes / ideal)."""
-  unique, per_device = 0, collections.Counter()
-  for leaf in jax.tree.leaves(state):
-    seen = set()
-    for shard in leaf.addressable_shards:
-      per_device[shard.device] += shard.data.nbytes
-      key = str(shard.index)
-      if key not in seen:
-        seen.add(key)
-        unique += shard.data.nbytes
+  unique, per_device = resident.unique_and_per_device(state)
   return unique / n_params, max(per_device.values()) / (unique / devices)
 
 

@@ -18,6 +18,7 @@ from launch import train
 from launch.model import ModelConfig
 from launch.model import Transformer
 from tests import launch_helpers
+from tests import resident
 
 
 def _dot_dtypes(jaxpr) -> collections.Counter:
@@ -45,18 +46,6 @@ def test_the_model_computes_in_its_params_dtype(scan):
   assert dots and set(dots) == {("bfloat16", "bfloat16")}, dots
 
 
-def _unique_and_per_device(tree):
-  unique, per_device = 0, collections.Counter()
-  for leaf in jax.tree.leaves(tree):
-    seen = set()
-    for shard in leaf.addressable_shards:
-      per_device[shard.device] += shard.data.nbytes
-      if str(shard.index) not in seen:
-        seen.add(str(shard.index))
-        unique += shard.data.nbytes
-  return unique, per_device
-
-
 def test_demo_training_state_is_five_bytes_per_param():
   """The demo model on data=2,model=4, ZeRO over data, bfloat16 params, 8-bit
   corrections and 8-bit AdamW moments: params + state <= 5.2 bytes per param
@@ -71,8 +60,8 @@ def test_demo_training_state_is_five_bytes_per_param():
                    out_shardings=opt.param_shardings)(jax.random.key(0))
   state = opt.init(params)
   n_params = sum(p.size for p in jax.tree.leaves(params))
-  param_bytes, param_device = _unique_and_per_device(params)
-  state_bytes, state_device = _unique_and_per_device(state)
+  param_bytes, param_device = resident.unique_and_per_device(params)
+  state_bytes, state_device = resident.unique_and_per_device(state)
   assert (param_bytes + state_bytes) / n_params <= 5.2
   for device in param_device:
     assert (param_device[device] + state_device[device]

@@ -10,19 +10,7 @@ from launch import cli
 from launch import job
 from launch import train
 from tests import launch_helpers
-
-
-def _unique_bytes(tree) -> int:
-  """Bytes of ``tree`` counting each distinct shard once (replicas not)."""
-  total = 0
-  for leaf in jax.tree.leaves(tree):
-    seen = set()
-    for shard in leaf.addressable_shards:
-      key = tuple((s.start, s.stop) for s in shard.index)
-      if key not in seen:
-        seen.add(key)
-        total += shard.data.nbytes
-  return total
+from tests import resident
 
 
 @pytest.mark.parametrize("mesh", ["data=4,model=2", "data=2,model=4",
@@ -41,7 +29,7 @@ def test_demo_adamw_state_bytes_per_param(mesh, capsys):
         np.zeros(a.shape, a.dtype), a.sharding), abstract)
     state = opt.init(params)
     n_params = sum(np.prod(a.shape) for a in jax.tree.leaves(abstract))
-    assert _unique_bytes(state) / n_params <= most, (bits, mesh)
+    assert resident.unique_and_per_device(state)[0] / n_params <= most, (bits, mesh)
     lines = job._quantized_lines(args, opt, abstract)
     report = shardopt.describe_quantized_state(opt.tx, abstract,
                                                opt.update_shardings)

@@ -7,7 +7,6 @@ own float32 step; float32 training of the same inner transformation; bytes
 read from ``addressable_shards``; a checkpoint read back on another mesh.
 """
 
-import collections
 
 from flax import nnx
 from flax.training import train_state
@@ -23,6 +22,7 @@ import pytest
 import checkpoints
 import shardopt
 from shardopt._src.wrappers import low_precision_params as lpp
+from tests import resident
 
 BF16 = ml_dtypes.bfloat16
 
@@ -411,19 +411,6 @@ def _trained(mesh, steps=3, tx=None):
   return opt, params, state
 
 
-def _bytes(tree):
-  """(unique bytes over the shards, replicas once; bytes per device)."""
-  unique, per_device = 0, collections.Counter()
-  for leaf in jax.tree.leaves(tree):
-    seen = set()
-    for shard in leaf.addressable_shards:
-      per_device[shard.device] += shard.data.nbytes
-      if str(shard.index) not in seen:
-        seen.add(str(shard.index))
-        unique += shard.data.nbytes
-  return unique, per_device
-
-
 @pytest.mark.slow
 def test_five_bytes_per_param_zero_splits_them():
   """bfloat16 params + int8 corrections + 8-bit moments (scales included):
@@ -432,8 +419,8 @@ def test_five_bytes_per_param_zero_splits_them():
   mesh = _mesh()
   _, params, state = _trained(mesh)
   n_params = sum(int(np.prod(shape)) for shape, _ in LAYOUT.values())
-  param_bytes, param_device = _bytes(params)
-  state_bytes, state_device = _bytes(state)
+  param_bytes, param_device = resident.unique_and_per_device(params)
+  state_bytes, state_device = resident.unique_and_per_device(state)
   assert param_bytes == 2 * n_params
   assert (param_bytes + state_bytes) / n_params <= 5.2
   for device in param_device:
