@@ -243,6 +243,7 @@ class CheckpointManager:
       raise
     except Exception as e:  # noqa: BLE001  (classified by failures.raise_for)
       failure = e
+      failures.release_abandoned_reads(e)
     missing_elsewhere = failures.agree_across_processes(failure, step, self.directory)
     if failure is not None:
       failures.raise_for(failure, step, self.directory, "an array file", missing_elsewhere)

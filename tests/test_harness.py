@@ -84,10 +84,7 @@ _SHARDED_STEPS = 3
 _STEP_TOLERANCE = 1e-5
 
 
-def _cases(check, entries=catalogue.ENTRIES, *, one_worker=False):
-  """One case per entry, marked with its known exception; with
-  ``one_worker`` an entry's cases run on one xdist worker (``--dist
-  loadgroup``), which computes its unsharded reference once."""
+def _cases(check, entries=catalogue.ENTRIES):
   cases = []
   for entry in entries:
     if check not in ("sharding", "zero", "zero_reasons") and not entry.transformation:
@@ -95,8 +92,6 @@ def _cases(check, entries=catalogue.ENTRIES, *, one_worker=False):
     raises, reason = EXCEPTIONS.get((entry.label, check), (None, ""))
     marks = ([pytest.mark.xfail(strict=True, raises=raises, reason=reason)]
              if raises else [])
-    if one_worker:
-      marks.append(pytest.mark.xdist_group(f"{check}:{entry.label}"))
     cases.append(pytest.param(entry, id=entry.label.replace(" (", ":")
                               .rstrip(")"), marks=marks))
   return cases
@@ -295,7 +290,7 @@ def _objective_loss(params, batch):
 
 
 @pytest.mark.parametrize("kind,zero", _step_case_ids())
-@pytest.mark.parametrize("entry", _cases("sharded_step", one_worker=True))
+@pytest.mark.parametrize("entry", _cases("sharded_step"))
 def test_sharded_step_matches_unsharded(entry, kind, zero):
   tx = _build(entry)
   mesh = jax.make_mesh((2, 4), ("data", "model"),

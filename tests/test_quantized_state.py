@@ -470,8 +470,6 @@ def _transformations():
         raises, reason = AssertionError, _QUANTIZED_EXCEPTIONS[e.label, bits]
       marks = ([pytest.mark.xfail(strict=True, raises=raises, reason=reason)]
                if raises else [])
-      # One worker per entry (--dist loadgroup): its float run is computed once.
-      marks.append(pytest.mark.xdist_group(f"quantized:{e.label}"))
       cases.append(pytest.param(
           e, bits, id=f"{e.label.replace(' (', ':').rstrip(')')}-{bits}bit",
           marks=marks))
