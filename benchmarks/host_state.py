@@ -23,13 +23,13 @@ import collections
 import pathlib
 import re
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import resident
+from benchmarks import timing
 from benchmarks.quantized_state import DEMO, WIDE, lm_setup
 import shardopt
 
@@ -66,13 +66,8 @@ def measure(setup, bits, rounds, steps):
   for i in range(rounds):
     for name in list(PLACEMENTS)[::1 if i % 2 else -1]:  # each first in turn
       opt, params, state = live[name]
-      params, state = opt.update(grads, state, params)  # warm
-      jax.block_until_ready(state)
-      start = time.perf_counter()
-      for _ in range(steps):
-        params, state = opt.update(grads, state, params)
-        jax.block_until_ready(state)
-      times[name].append((time.perf_counter() - start) / steps)
+      seconds, params, state = timing.seconds_per_update(opt, grads, params, state, steps)
+      times[name].append(seconds)
       live[name][1:] = [params, state]
   assert {leaf.sharding.memory_kind for leaf in jax.tree.leaves(live["pinned_host"][2])} == {
       "pinned_host"}

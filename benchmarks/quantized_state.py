@@ -38,7 +38,6 @@ import pathlib
 import re
 import sys
 import tempfile
-import time
 
 import jax
 import jax.extend
@@ -47,6 +46,7 @@ import numpy as np
 
 from benchmarks import low_precision
 from benchmarks import resident
+from benchmarks import timing
 import checkpoints
 from launch import data
 from launch.model import ModelConfig
@@ -185,14 +185,8 @@ def time_updates(layouts, setup, rounds=15, steps=10):
   times = collections.defaultdict(list)
   for _ in range(rounds):
     for key, (opt, *_rest) in layouts.items():
-      params, state = live[key]
-      params, state = opt.update(grads, state, params)  # warm
-      jax.block_until_ready(state)
-      start = time.perf_counter()
-      for _ in range(steps):
-        params, state = opt.update(grads, state, params)
-        jax.block_until_ready(state)
-      times[key].append((time.perf_counter() - start) / steps)
+      seconds, params, state = timing.seconds_per_update(opt, grads, *live[key], steps)
+      times[key].append(seconds)
       live[key] = [params, state]
   for key, (params, state) in live.items():
     layouts[key] = (layouts[key][0], params, state)
