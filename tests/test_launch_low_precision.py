@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from benchmarks import resident
 import checkpoints
 from launch import cli
 from launch import job
@@ -18,7 +19,6 @@ from launch import train
 from launch.model import ModelConfig
 from launch.model import Transformer
 from tests import launch_helpers
-from tests import resident
 
 
 def _dot_dtypes(jaxpr) -> collections.Counter:

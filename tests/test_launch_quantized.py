@@ -5,12 +5,12 @@ import jax
 import numpy as np
 import pytest
 
+from benchmarks import resident
 import shardopt
 from launch import cli
 from launch import job
 from launch import train
 from tests import launch_helpers
-from tests import resident
 
 
 @pytest.mark.parametrize("mesh", ["data=4,model=2", "data=2,model=4",

@@ -19,10 +19,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from benchmarks import resident
 import checkpoints
 import shardopt
 from shardopt._src.wrappers import low_precision_params as lpp
-from tests import resident
 
 BF16 = ml_dtypes.bfloat16
 
