@@ -100,14 +100,15 @@ def _init_params(args, model, key):
 
 def _quantized_lines(args, opt, abstract) -> list[str]:
   """With --state-bits: how many moments are quantized, and every float leaf
-  kept as it is, with why."""
+  kept as it is or moment stored wider than asked, with why."""
   if not args.state_bits:
     return []
   report = shardopt.describe_quantized_state(opt.tx, abstract, opt.update_shardings)
   quantized = len(report.leaves) - len(report.kept)
   return ([f"{args.state_bits}-bit optimizer state: {quantized} moments quantized,"
            f" {len(report.kept)} float leaves kept:"]
-          + [f"  {l.path} {l.shape}: {l.reason}" for l in report.kept] + [""])
+          + [f"  {l.path} {l.shape}: {l.reason}"
+             for l in report.kept + report.widened] + [""])
 
 
 def _describe(args, mesh, rules, specs, abstract, state, opt) -> None:

@@ -119,6 +119,7 @@ from shardopt._src.wrappers.monitoring import (
 from shardopt._src.wrappers.multi_steps import (
     apply_every, ApplyEvery, MultiSteps, MultiStepsState, ShouldSkipUpdateFunction,
 )
+from shardopt._src.moments import declare_moments
 from shardopt._src.quantization.quantized_array import retile as retile_quantized
 from shardopt._src.wrappers.quantized_state import (
     describe_quantized_state, QuantizedArray, QuantizedStateReport, quantized_state,
@@ -196,7 +197,7 @@ __all__ = [
     "clip_by_block_rms", "clip_by_global_norm", "ClipByGlobalNormState", "ClipState",
     "conditionally_mask", "conditionally_transform", "ConditionallyMaskState",
     "ConditionallyTransformState", "ConditionFn", "constant_schedule", "contrib",
-    "cosine_decay_schedule", "cosine_onecycle_schedule", "describe_quantized_state", "ema", "EmaState", "EmptyState",
+    "cosine_decay_schedule", "cosine_onecycle_schedule", "declare_moments", "describe_quantized_state", "ema", "EmaState", "EmptyState",
     "exponential_decay", "FactoredState", "flatten", "freeze", "fromage", "global_norm",
     "GradientTransformation", "GradientTransformationExtraArgs", "identity",
     "incremental_update", "init_empty_state", "inject_hyperparams",

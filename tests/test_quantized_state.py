@@ -176,6 +176,65 @@ def test_iterates_copies_and_accumulators_are_kept_and_reported(tx, kept):
   assert quantized_leaves  # its moments are quantized all the same
 
 
+@shardopt.declare_moments(fine="signed", wide="signed", min_bits={"wide": 8})
+class _FlooredState(NamedTuple):
+  fine: jax.Array
+  wide: jax.Array
+
+
+def _floored(value):
+  return shardopt.GradientTransformation(
+      lambda p: _FlooredState(value(p), value(p)),
+      lambda u, s, p=None: (u, s))
+
+
+def test_a_declared_min_bits_keeps_its_moment_at_8_bits_and_says_so():
+  """Under bits=4, a field declaring min_bits=8 is stored with the 8-bit
+  code (its decoded values as close as 8-bit's), the other at 4 bits; the
+  report and its text name the wider leaf and why."""
+  params = jax.random.normal(jax.random.key(4), (64, 128))
+  tx = shardopt.quantized_state(_floored(lambda p: p), bits=4)
+  state = tx.init(params)
+  assert (state.fine.bits, state.wide.bits) == (4, 8)
+  fine_error = float(jnp.max(jnp.abs(state.fine.decode() - params)))
+  wide_error = float(jnp.max(jnp.abs(state.wide.decode() - params)))
+  eight = shardopt.quantized_state(_floored(lambda p: p), bits=8).init(params)
+  assert wide_error < fine_error / 8
+  assert wide_error <= float(jnp.max(jnp.abs(eight.wide.decode() - params))) * 2
+  report = shardopt.describe_quantized_state(tx, params)
+  assert [l.path for l in report.widened] == [".wide"]
+  assert report.widened[0].stored == "companded-signed-8"
+  assert report.widened[0].reason == (
+      "8 bits: _FlooredState.wide declares min_bits=8")
+  assert "tile (1, 128), 8 bits: _FlooredState.wide" in str(report)
+  _, new_state = jax.jit(tx.update)(params, state, params)
+  assert (new_state.fine.bits, new_state.wide.bits) == (4, 8)
+
+
+@pytest.mark.parametrize("label,fields", [
+    ("contrib.simplified_ademamix", ("m", "n")),
+    ("contrib.acprop", ("nu",)),
+])
+def test_moments_that_lose_accuracy_at_4_bits_declare_8(label, fields):
+  from tests import catalogue
+  entry = next(e for e in catalogue.ENTRIES if e.label == label)
+  report = shardopt.describe_quantized_state(
+      shardopt.quantized_state(catalogue.build(entry), bits=4),
+      {"w": jnp.ones((64, 128))})
+  widened = {l.reason.split(": ")[1].split(" ")[0].split(".")[1]
+             for l in report.widened}
+  assert widened == set(fields)
+  assert all(l.stored.endswith("-4") for l in report.leaves
+             if l.tile and not l.reason)
+
+
+def test_min_bits_must_name_a_declared_moment():
+  with pytest.raises(ValueError, match=r"min_bits\['x'\]=8"):
+    shardopt.declare_moments(m="signed", min_bits={"x": 8})
+  with pytest.raises(ValueError, match=r"min_bits\['m'\]=16"):
+    shardopt.declare_moments(m="signed", min_bits={"m": 16})
+
+
 @pytest.mark.parametrize("bits,tolerance", [(8, 0.05), (4, 0.35)])
 def test_updates_follow_optax_adam(bits, tolerance):
   params = {"w": jax.random.normal(jax.random.key(1), (64, 128))}
@@ -444,19 +503,6 @@ def _float_moves(entry, tx, params):
   return _FLOAT_MOVES[entry.label]
 
 
-# Known exceptions: (entry, bits) -> reason. The error there is measured,
-# and strict: the test fails when it starts to hold.
-_QUANTIZED_EXCEPTIONS = {
-    ("contrib.simplified_ademamix", 4):
-        "the undamped momentum sum m = 0.99 m + g keeps every step's 4-bit "
-        "rounding: 0.41 mean relative error at step 4",
-    ("contrib.scale_by_acprop", 4):
-        "m / sqrt(s), s the average of (g - m)**2, near 0 where a gradient "
-        "matches its average: at 4 bits the raw update (applied at lr 1) is "
-        "0.27 off at step 2 (acprop at lr 0.1: 0.19)",
-}
-
-
 def _transformations():
   from tests import catalogue
   from tests.test_harness import EXCEPTIONS
@@ -466,8 +512,6 @@ def _transformations():
       continue
     for bits in (8, 4):
       raises, reason = EXCEPTIONS.get((e.label, "sharded_step"), (None, ""))
-      if (e.label, bits) in _QUANTIZED_EXCEPTIONS:
-        raises, reason = AssertionError, _QUANTIZED_EXCEPTIONS[e.label, bits]
       marks = ([pytest.mark.xfail(strict=True, raises=raises, reason=reason)]
                if raises else [])
       cases.append(pytest.param(

@@ -17,7 +17,10 @@ sign each one can take::
     nu: base.Updates
 
 Every leaf below a declared field (the field holds a tree shaped like the
-params) is that kind of moment. optax's own state classes, for optax
+params) is that kind of moment. A field may also declare the fewest bits
+that keep its optimizer's update accurate (``min_bits={"m": 8}``):
+``quantized_state`` asked for fewer stores it at that width and reports
+so. optax's own state classes, for optax
 transformations passed to shardopt's wrappers, are declared in
 ``OPTAX_MOMENTS``, keyed by the class's module and qualified name; a state
 class declared nowhere has no moments. The decision depends on the state's
@@ -47,6 +50,7 @@ NONNEGATIVE = "nonnegative"  # never below zero: averages or sums of squares
 _KINDS = (SIGNED, NONNEGATIVE)
 
 _DECLARED: dict[type, Mapping[str, str]] = {}
+_MIN_BITS: dict[type, Mapping[str, int]] = {}
 
 _ADAM = {"mu": SIGNED, "nu": NONNEGATIVE}
 # optax 0.2.8's state classes: "module.QualifiedName" -> {field: kind}.
@@ -87,10 +91,13 @@ OPTAX_MOMENTS: Mapping[str, Mapping[str, str]] = {
 }
 
 
-def declare_moments(**fields: str) -> Callable[[type], type]:
+def declare_moments(min_bits: Mapping[str, int] | None = None,
+                    **fields: str) -> Callable[[type], type]:
   """Class decorator: the named fields of a state class are moments.
 
   Args:
+    min_bits: field -> the fewest bits (8) its quantized code may have,
+      for a moment whose optimizer loses accuracy at 4 bits.
     **fields: field name -> ``SIGNED`` or ``NONNEGATIVE``.
 
   Returns:
@@ -100,6 +107,11 @@ def declare_moments(**fields: str) -> Callable[[type], type]:
     if kind not in _KINDS:
       raise ValueError(f"declare_moments: {name}={kind!r}; expected "
                        f"moments.SIGNED or moments.NONNEGATIVE.")
+  min_bits = dict(min_bits or {})
+  for name, bits in min_bits.items():
+    if name not in fields or bits not in (4, 8):
+      raise ValueError(f"declare_moments: min_bits[{name!r}]={bits!r}; "
+                       "expected 4 or 8 for a field declared a moment.")
 
   def register(cls: type) -> type:
     unknown = set(fields) - set(getattr(cls, "_fields", ()))
@@ -107,6 +119,7 @@ def declare_moments(**fields: str) -> Callable[[type], type]:
       raise ValueError(f"declare_moments: {cls.__qualname__} has no field "
                        f"{sorted(unknown)} (fields: {cls._fields}).")
     _DECLARED[cls] = dict(fields)
+    _MIN_BITS[cls] = min_bits
     return cls
 
   return register
@@ -121,11 +134,13 @@ def declared_moments(cls: type) -> Mapping[str, str] | None:
 
 
 class LeafKind(NamedTuple):
-  """What one state leaf is: its moment kind (None: not a moment) and the
-  state class and field it lies in (``"ScaleByAdamState.mu"``, or ``""``)."""
+  """What one state leaf is: its moment kind (None: not a moment), the
+  state class and field it lies in (``"ScaleByAdamState.mu"``, or ``""``)
+  and the fewest bits its field declares (0: any)."""
 
   kind: str | None
   field: str
+  min_bits: int = 0
 
 
 def _children(node) -> list[Any]:
@@ -137,9 +152,11 @@ def _walk(node, found: LeafKind, out: list[LeafKind]) -> None:
   fields = getattr(type(node), "_fields", None)
   if isinstance(node, tuple) and fields is not None and found.kind is None:
     declared = declared_moments(type(node)) or {}
+    floors = _MIN_BITS.get(type(node), {})
     for name, child in zip(fields, node):
       _walk(child, LeafKind(declared.get(name),
-                            f"{type(node).__name__}.{name}"), out)
+                            f"{type(node).__name__}.{name}",
+                            floors.get(name, 0)), out)
     return
   children = _children(node)
   if len(children) == 1 and children[0] is node:

@@ -7,7 +7,7 @@ top level, where they have always been).
 from shardopt._src.trax.adafactor import trax_adafactor, TraxAdafactorState
 from shardopt._src.trax.optimizers import trax_adam, trax_momentum, trax_rmsprop
 from shardopt._src.trax.sm3 import MomentumType, trax_sm3, TraxSM3State
-from shardopt.contrib._acprop import acprop, scale_by_acprop
+from shardopt.contrib._acprop import ScaleByACPropState, acprop, scale_by_acprop
 from shardopt.contrib._ademamix import (
     ademamix, scale_by_ademamix, scale_by_simplified_ademamix, ScaleByAdemamixState,
     ScaleBySimplifiedAdEMAMixState, simplified_ademamix,
@@ -44,7 +44,7 @@ from shardopt.contrib._shampoo import ShampooState, scale_by_shampoo, shampoo
 from shardopt.contrib._soap import SoapState, scale_by_soap, soap
 
 __all__ = [
-    "acprop", "ademamix", "adopt", "cocob", "COCOBState", "dadapt_adamw",
+    "acprop", "ademamix", "adopt", "cocob", "COCOBState", "dadapt_adamw", "ScaleByACPropState",
     "DAdaptAdamWState", "dog", "DoGState", "dowg", "DoWGState", "madgrad", "MadgradState",
     "mechanize", "MechanicState", "momo", "momo_adam", "MomoAdamState", "MomoState",
     "prodigy", "ProdigyState", "scale_by_acprop", "scale_by_ademamix", "scale_by_adopt",

@@ -13,7 +13,7 @@ class QuantizedLeaf(NamedTuple):
   stored: str  # the code book's name, or the float dtype kept
   tile: tuple[int, ...] | None  # block shape; None when not quantized
   nbytes: int  # bytes of the stored leaf (codes + scales, or the float)
-  reason: str  # why it is kept in float, "" when quantized
+  reason: str  # why it is kept in float or stored wider than asked, or ""
 
 
 class QuantizedStateReport(NamedTuple):
@@ -28,6 +28,12 @@ class QuantizedStateReport(NamedTuple):
     return tuple(l for l in self.leaves if l.tile is None)
 
   @property
+  def widened(self) -> tuple[QuantizedLeaf, ...]:
+    """Moments stored with more bits than asked: their state class
+    declares a floor (``declare_moments(min_bits=...)``)."""
+    return tuple(l for l in self.leaves if l.tile is not None and l.reason)
+
+  @property
   def fallbacks(self) -> tuple[QuantizedLeaf, ...]:
     """Moments shaped like their param, of at least ``min_size`` elements,
     kept in float because no tile fits their shard."""
@@ -38,6 +44,7 @@ class QuantizedStateReport(NamedTuple):
     lines = [f"quantized state ({self.bits}-bit): {stored:,} bytes stored"]
     width = max([len(l.path) for l in self.leaves] + [4])
     for l in self.leaves:
-      how = f"tile {l.tile}" if l.tile else f"kept: {l.reason}"
+      how = f"kept: {l.reason}" if l.tile is None else (
+          f"tile {l.tile}" + (f", {l.reason}" if l.reason else ""))
       lines.append(f"  {l.path:<{width}}  {l.shape!s:<14} {l.stored:<20} {how}")
     return "\n".join(lines)
