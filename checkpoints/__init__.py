@@ -18,6 +18,7 @@ from checkpoints.flax_state import create_nnx_optimizer  # noqa: F401
 from checkpoints.flax_state import create_train_state  # noqa: F401
 from checkpoints.flax_state import nnx_checkpoint_state  # noqa: F401
 from checkpoints.flax_state import nnx_load_state  # noqa: F401
+from checkpoints.flax_state import nnx_tx  # noqa: F401
 from checkpoints.manager import CheckpointManager  # noqa: F401
 from checkpoints.manager import Restored  # noqa: F401
 from checkpoints.manager import SkippedStep  # noqa: F401

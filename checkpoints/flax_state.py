@@ -18,7 +18,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 import shardopt
 
-__all__ = ["create_nnx_optimizer", "create_train_state", "nnx_checkpoint_state", "nnx_load_state"]
+__all__ = ["create_nnx_optimizer", "create_train_state", "nnx_checkpoint_state", "nnx_load_state",
+           "nnx_tx"]
 
 
 def _derived_state_shardings(tx, abstract_params, param_shardings):
@@ -65,6 +66,21 @@ def _constrain_leaves(tree, shardings: list, what: str):
   return jax.tree.unflatten(treedef, leaves)
 
 
+def nnx_tx(tx) -> shardopt.GradientTransformationExtraArgs:
+  """``tx`` for ``nnx.Optimizer``: its ``init`` sees the params' arrays, not their Variables.
+
+  ``nnx.Optimizer`` calls ``tx.init(nnx.state(model, wrt))``. A state built by mapping
+  over those params puts each param's statistics in a copy of its ``nnx.Variable``, and
+  a Variable holding a tree instead of an array (8-bit codes and scales, Shampoo's and
+  SOAP's blocks, SM3's covers) becomes a plain mapping at the first ``update``, which then
+  fails. Traced on the arrays, every state array gets its own Variable and is updated in
+  place. ``create_nnx_optimizer`` applies it.
+  """
+  tx = shardopt.with_extra_args_support(tx)
+  return shardopt.GradientTransformationExtraArgs(lambda params: tx.init(nnx.as_pure(params)),
+                                                  tx.update)
+
+
 def create_nnx_optimizer(model_fn: Callable[[], nnx.Module], tx, param_shardings: Any, *, wrt=nnx.Param,
                          opt_state_shardings: Any = None) -> tuple[nnx.Module, nnx.Optimizer]:
   """``(model, nnx.Optimizer)`` with params and optimizer state created on their shardings.
@@ -76,7 +92,7 @@ def create_nnx_optimizer(model_fn: Callable[[], nnx.Module], tx, param_shardings
   abstract_params = nnx.state(nnx.eval_shape(model_fn), wrt).to_pure_dict()
   if opt_state_shardings is None:
     opt_state_shardings = _derived_state_shardings(tx, abstract_params, param_shardings)
-  tx = shardopt.sharding.with_typed_init(tx, param_shardings)
+  tx = nnx_tx(shardopt.sharding.with_typed_init(tx, param_shardings))
   replicated = _replicated(param_shardings)
 
   @nnx.jit

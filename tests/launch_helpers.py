@@ -28,7 +28,7 @@ def child_env() -> dict:
                               if not flag.startswith(_DEVICE_COUNT_FLAG))
   env.update(JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1",
              JAX_COMPILATION_CACHE_DIR=str(ROOT / ".jax_cache"),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5")
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
   return env
 
 
