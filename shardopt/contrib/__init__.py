@@ -44,12 +44,13 @@ from shardopt.contrib._shampoo import ShampooState, scale_by_shampoo, shampoo
 from shardopt.contrib._soap import SoapState, scale_by_soap, soap
 
 __all__ = [
-    "acprop", "ademamix", "adopt", "cocob", "COCOBState", "dadapt_adamw", "ScaleByACPropState",
+    "acprop", "ademamix", "adopt", "cocob", "COCOBState", "dadapt_adamw",
     "DAdaptAdamWState", "dog", "DoGState", "dowg", "DoWGState", "madgrad", "MadgradState",
     "mechanize", "MechanicState", "momo", "momo_adam", "MomoAdamState", "MomoState",
     "prodigy", "ProdigyState", "scale_by_acprop", "scale_by_ademamix", "scale_by_adopt",
     "scale_by_cocob", "scale_by_madgrad", "scale_by_simplified_ademamix",
-    "ScaleByAdemamixState", "ScaleBySimplifiedAdEMAMixState", "simplified_ademamix",
+    "ScaleByACPropState", "ScaleByAdemamixState", "ScaleBySimplifiedAdEMAMixState",
+    "simplified_ademamix",
     "MomentumType", "TraxAdafactorState", "TraxSM3State", "trax_adafactor", "trax_adam",
     "trax_momentum", "trax_rmsprop", "trax_sm3",
     "MuonDimensionNumbers", "MuonState", "muon", "scale_by_muon",
