@@ -14,9 +14,9 @@ from shardopt._src.aliases.gradient_descent import descend
 __all__ = ["ScaleByACPropState", "acprop", "scale_by_acprop"]
 
 
-# At 4 bits the update moved 27% off float state's (nu at 8 bits: 3%;
-# tests/test_quantized_state.py): nu is near 0 where a gradient matches its
-# average, and divides the next step's gradient.
+# At 4 bits the update moved 27% off float state's, 3% with nu at 8
+# (benchmarks/results/quantized_floors.md): nu is near 0 where a gradient
+# matches its average, and divides the next step's gradient.
 @moments.declare_moments(mu=moments.SIGNED, nu=moments.NONNEGATIVE,
                          min_bits={"nu": 8})
 class ScaleByACPropState(NamedTuple):

@@ -207,8 +207,9 @@ def quantized_state(
   values or a name, and so is a floor on the width: a moment whose state
   class declares ``min_bits=8`` (the momentum sum of
   ``contrib.simplified_ademamix``, the centred second moment of
-  ``contrib.acprop``: 41% and 27% off their float-state updates at 4 bits)
-  is stored at 8 bits under ``bits=4``, and the report says so.
+  ``contrib.acprop``, Adadelta's average of squared steps: 41%, 27% and 25%
+  off their float-state updates at 4 bits) is stored at 8 bits under
+  ``bits=4``, and the report says so.
 
   Blocks and shards. When ``init`` is traced with the params typed by their
   layout (``shardopt.make_sharded_optimizer``, ``shardopt.state_shardings``
