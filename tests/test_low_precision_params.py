@@ -7,7 +7,6 @@ own float32 step; float32 training of the same inner transformation; bytes
 read from ``addressable_shards``; a checkpoint read back on another mesh.
 """
 
-
 from flax import nnx
 from flax.training import train_state
 import jax

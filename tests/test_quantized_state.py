@@ -21,7 +21,6 @@ import optax
 import pytest
 
 import checkpoints
-import partitioning
 import shardopt
 
 # Matrices shaped like the LM demo's, with its 'tp' specs on (data, model).
