@@ -20,7 +20,7 @@ __all__ = [
 
 
 # At 4 bits scale_by_adadelta's update moved 25% off float state's in 5
-# steps, and growing; 12% with e_x at 8 (benchmarks/results/quantized_floors.md):
+# steps; 12% with e_x at 8 (benchmarks/results/quantized_floors.md):
 # e_x, the average of squared steps, scales every step.
 @moments.declare_moments(e_g=moments.NONNEGATIVE, e_x=moments.NONNEGATIVE,
                          min_bits={"e_x": 8})
