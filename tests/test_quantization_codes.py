@@ -211,10 +211,15 @@ def test_signed_extremes_and_unsigned_negatives(code):
   _, got = _round_trip(codes.code_book(8, True, code), 8, (1, 4), x)
   np.testing.assert_array_equal(got[0, :3], [-3.0, 3.0, 0.0])
   book = codes.code_book(8, False, code)
-  _, got = _round_trip(book, 8, (1, 4), x)
+  q, got = _round_trip(book, 8, (1, 4), x)
   # 0, or a zero-free book's first entry (of a root book, squared) times 3.
   smallest = book.values[0] ** (2 if book.root else 1) * 3.0
   np.testing.assert_allclose(got[0, :3], [smallest, 3.0, smallest], rtol=1e-6)
+  # An unsigned block's scale is its largest value, however negative the rest.
+  q, _ = _round_trip(book, 8, (1, 4), np.asarray([[-5.0, 2.0, 0.0, 1.0],
+                                                   [-5.0, -1.0, -2.0, -0.5]],
+                                                  np.float32))
+  np.testing.assert_array_equal(np.asarray(q.scales), [[2.0], [0.0]])
 
 
 @pytest.mark.parametrize("bits,signed,code", BOOKS)

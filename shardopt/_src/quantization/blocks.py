@@ -26,6 +26,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from shardopt._src.quantization import codes
 
@@ -144,9 +145,7 @@ def quantize(x: jax.Array, tile, book: codes.CodeBook, bits: int) -> BlockCodes:
   """``x`` as codes of ``book`` and a per-block absmax scale."""
   layout = _layout(x.shape, tile)
   blocks = _split(x.astype(jnp.float32), layout.parts)
-  magnitude = jnp.abs(blocks) if book.signed else jnp.maximum(blocks, 0.0)
-  scales = jnp.max(jnp.where(magnitude < jnp.inf, magnitude, 0.0),
-                   axis=layout.inner, keepdims=True)
+  scales = _absmax(blocks, layout.inner, book.signed)
   # +-inf saturate to +-scale; nan stays nan (the code nearest 0).
   clipped = jnp.clip(blocks, -scales if book.signed else 0.0, scales)
   index = codes.encode(clipped, scales, book)
@@ -155,6 +154,26 @@ def quantize(x: jax.Array, tile, book: codes.CodeBook, bits: int) -> BlockCodes:
     layout = _layout(_packed_shape(x.shape, tile), tile, packed=True)
   return BlockCodes(_merge(index, layout.parts),
                         _merge(scales, layout.scale_parts))
+
+
+def _absmax(blocks, inner, signed: bool):
+  """Per block (reducing ``inner``, kept as length 1): the largest finite
+  ``|x|`` (``signed``) or ``max(x, 0)``.
+
+  Taken from one reduction of each block's largest and smallest finite value
+  (the absmax is ``max(largest, -smallest)``; unsigned, the larger of the
+  two is the largest, and using both keeps the pair): XLA:CPU runs this
+  two-valued reduction as one loop over the computation that produces
+  ``blocks``, where a single ``max`` goes to a library kernel that first
+  needs ``blocks`` written out, one more pass over memory per moment.
+  """
+  finite = jnp.where(jnp.abs(blocks) < jnp.inf, blocks, 0.0)
+  largest, smallest = jax.lax.reduce(
+      (finite, finite), (np.float32(-np.inf), np.float32(np.inf)),
+      lambda a, b: (jnp.maximum(a[0], b[0]), jnp.minimum(a[1], b[1])), inner)
+  absmax = (jnp.maximum(largest, -smallest) if signed else
+            jnp.maximum(jnp.maximum(largest, smallest), 0.0))
+  return jnp.expand_dims(absmax, inner)
 
 
 def _packed_shape(shape, tile) -> tuple[int, ...]:

@@ -127,8 +127,14 @@ class _Quantizer:
     state = self.inner.init(params)
     leaves, treedef = jax.tree.flatten(state)
     decisions = self.decide(state, params)
+    # A moment's initial value is usually a constant (zeros): behind the
+    # barrier XLA quantizes it when init runs, where its constant folder
+    # would evaluate every moment's quantization while compiling (slowly,
+    # and longer the larger the model: benchmarks/results/quantized_state.md
+    # times the compile).
     stored = [x if d is None or d.tile is None
-              else qa.encode(x, d.tile, d.bits, d.signed, self.code)
+              else qa.encode(jax.lax.optimization_barrier(x), d.tile, d.bits,
+                             d.signed, self.code)
               for x, d in zip(leaves, decisions)]
     report = _REPORT.get()
     if report is not None:
