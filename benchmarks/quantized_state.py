@@ -34,10 +34,13 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8"
 
 import argparse
 import collections
+import ctypes
 import pathlib
 import re
 import sys
 import tempfile
+import time
+import types
 
 import jax
 import jax.extend
@@ -79,6 +82,7 @@ VARIANTS = [None] + [(bits, code) for bits in (8, 4) for code in codes.CODES]
 # metadata is small next to its arrays.
 DEMO = ModelConfig()
 WIDE = ModelConfig(d_model=256, head_dim=64, mlp=1024)
+LARGE = ModelConfig(d_model=512, head_dim=128, mlp=2048)
 
 
 def label(variant) -> str:
@@ -175,12 +179,11 @@ def _grads(setup):
                       setup[-1](jax.random.key(1)))
 
 
-def time_updates(layouts, setup, rounds=15, steps=10):
+def time_updates(layouts, grads, rounds=15, steps=10):
   """Per layout: (median seconds per ``opt.update``, median over rounds of
   its time over float32's in the same round). Rounds interleave the layouts,
   so load that changes between rounds cancels in the ratios. ``layouts``
   gets the updated (donated) params and state."""
-  grads = _grads(setup)
   live = {k: [v[1], v[2]] for k, v in layouts.items()}
   times = collections.defaultdict(list)
   for _ in range(rounds):
@@ -205,7 +208,7 @@ def layout_table(tree, setup, corpus):
         "adamw", variant, setup, n_params, corpus)
     layouts[variant] = (opt, params, state)
     rows.append((variant, per_param, ratio, disk))
-  step_times = time_updates(layouts, setup)
+  step_times = time_updates(layouts, _grads(setup))
   disk32 = rows[0][3]
   return [
       f"| {tree} ({n_params:,}) | {label(v)} |"
@@ -213,6 +216,66 @@ def layout_table(tree, setup, corpus):
       f" {step_times[v][0] * 1e3:.2f} ms ({step_times[v][1]:.2f}x) |"
       f" {d[0]:,} ({d[0] / disk32[0]:.1%}) | {d[1]:,} ({d[1] / disk32[1]:.1%}) |"
       for v, pp, r, d in rows], layouts
+
+
+def _unsharded(tx):
+  """``tx`` as ``opt.update(grads, state, params) -> (params, state)``,
+  jitted with params and state donated, on the default device."""
+  def update(grads, state, params):
+    updates, state = tx.update(grads, state, params)
+    return shardopt.apply_updates(params, updates), state
+  return types.SimpleNamespace(update=jax.jit(update, donate_argnums=(1, 2)))
+
+
+def _llc_text() -> str:
+  """The last-level cache's size as the OS reports it, for the results."""
+  caches = sorted(pathlib.Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"))
+  return (f"{caches[-1].read_text().strip()} on this machine" if caches
+          else "size not reported by the OS")
+
+
+def _keep_freed_memory() -> None:
+  """glibc: serve every allocation from the heap and keep freed memory, so
+  an update's temporaries reuse pages (as a pooling allocator would)
+  instead of mapping fresh ones over 32 MiB at every call."""
+  libc = ctypes.CDLL("libc.so.6")
+  m_trim_threshold, m_mmap_threshold = -1, -3
+  for option in (m_mmap_threshold, m_trim_threshold):
+    if libc.mallopt(option, 1 << 30) != 1:
+      raise OSError(f"mallopt({option}) failed")
+
+
+def one_device_rows():
+  """Rows of the one-device table: AdamW's update time per state variant on
+  the wide tree and on one whose float32 state alone exceeds the CPU's
+  last-level cache, no mesh; first with glibc's default allocation, then
+  with freed memory kept (``_keep_freed_memory``, for the rest of the
+  process); and the seconds ``jit(tx.init)`` takes to compile."""
+  trees = {}
+  for tree, config in (("wide", WIDE), ("large", LARGE)):
+    init = jax.jit(lambda key, c=config: Transformer(c).init(
+        key, jnp.zeros((1, LENGTH - 1), jnp.int32))["params"])
+    grads = jax.tree.map(lambda p: 1e-3 * jnp.ones_like(p), init(jax.random.key(1)))
+    layouts, compile_seconds = {}, {}
+    for variant in VARIANTS:
+      tx = build("adamw", variant, 200)
+      params = init(jax.random.key(0))
+      start = time.perf_counter()
+      tx_init = jax.jit(tx.init).lower(params).compile()
+      compile_seconds[variant] = time.perf_counter() - start
+      layouts[variant] = (_unsharded(tx), params, tx_init(params))
+    trees[tree] = (grads, layouts, compile_seconds, time_updates(layouts, grads))
+  _keep_freed_memory()
+  rows = []
+  for tree, (grads, layouts, compile_seconds, default) in trees.items():
+    kept = time_updates(layouts, grads)
+    n_params = sum(x.size for x in jax.tree.leaves(grads))
+    rows += [f"| {tree} ({n_params:,}; float32 state {8 * n_params / 2**20:.0f} MiB)"
+             f" | {label(v)} | {default[v][0] * 1e3:.2f} ms ({default[v][1]:.2f}x)"
+             f" | {kept[v][0] * 1e3:.2f} ms ({kept[v][1]:.2f}x)"
+             f" | {compile_seconds[v]:.2f} s |" for v in VARIANTS]
+    print("\n".join(rows[-len(VARIANTS):]), flush=True)
+  return rows
 
 
 # --- where the time goes ---------------------------------------------------
@@ -388,8 +451,9 @@ def main(argv=None) -> None:
         print("\n".join(rows), flush=True)
       results["kernels"], results["kernel_times"] = breakdown_tables(
           layouts, tree_setup)
-      write("partial: LM runs and MLP still running")
+      write("partial: LM runs, MLP and one device still running")
       results["mlp"] = mlp_rows(args.mlp_steps)
+      results["one_device"] = one_device_rows()
   write("")
 
 
@@ -435,6 +499,27 @@ def write_results(command, args, results, status) -> None:
       "|---|---|---|---|---|---|---|---|",
       *results["layout"],
       "",
+      "## AdamW update on one device, no mesh",
+      "",
+      ("The same AdamW (clipping, schedule) as plain `jax.jit` of `tx.update`"
+       " and `apply_updates` on the default device (one of the 8; the others"
+       " idle), params and state donated; timed as above. The wide tree and a"
+       f" larger one ({LARGE}) whose float32 state alone is larger than this"
+       f" CPU's last-level cache ({_llc_text()}), where the update is bound by"
+       " memory traffic as a large model's is. XLA:CPU allocates an update's"
+       " temporaries (the decoded first moments, the clipped gradients) at"
+       " every call; with glibc's default allocation those over 32 MiB are"
+       " fresh pages, faulted in at every call. The next column keeps freed"
+       " memory (`mallopt`, as a pooling allocator would; measured after the"
+       " first, in the same process). Compile: seconds to compile `jit(tx.init)`"
+       " (moments that start as constants are quantized when init runs, not by"
+       " XLA's constant folder while compiling)."),
+      "",
+      ("| tree (params) | state | step time (vs float32), glibc default |"
+       " step time (vs float32), freed memory kept | init compile |"),
+      "|---|---|---|---|---|",
+      *results["one_device"],
+      "",
       "## Where the update's time goes",
       "",
       ("Per code book: the largest error of a stored value (`codes.max_error`,"
@@ -443,7 +528,8 @@ def write_results(command, args, results, status) -> None:
        " quantizing and dequantizing a (256, 1024) leaf (operations in the"
        " traced program whose output has one value per element, or per pair at"
        " 4 bits; reshapes and broadcasts left out). Quantizing also reduces each"
-       " block to its absmax (one pass over a materialized input)."),
+       " block to its largest and smallest value (one loop over the moment's"
+       " computation)."),
       "",
       ("| bits | code | moments | book | max error | quantize ops / element |"
        " dequantize ops / element |"),
