@@ -289,8 +289,7 @@ def pack(index, axis: int):
   which XLA:CPU runs as a kernel of its own after the encode's loop. Packed
   inside that loop (a sum over a pair axis, slices of the halves, strided
   slices of neighbours or a ``uint16`` bitcast), the loop changes shape
-  between its operands and its output and XLA:CPU does not vectorise it:
-  the 4-bit update took several times the 8-bit one's time on one device.
+  between its operands and its output, and XLA:CPU does not vectorise it.
   Where ``axis`` is split across devices in ``index``'s sharding type
   (Explicit mesh axes, a block not fitted to the shards), the halves are
   taken as slices.
