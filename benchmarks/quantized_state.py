@@ -62,6 +62,7 @@ from shardopt._src.quantization import codes
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "quantized_state.md"
 BATCH, LENGTH, EVAL_BATCHES, WARMUP = 32, 65, 4, 20
+SAVES = 3  # checkpoint sizes: fresh saves of the same state
 
 # Bit widths run on the LM demo per optimizer (4 bits for Adam's two only).
 LM_BITS = {"adamw": (8, 4), "adam": (8, 4), "sgd momentum": (8,), "lion": (8,),
@@ -164,14 +165,21 @@ def measure_layout(name, variant, setup, n_params, corpus, steps=20):
               if "ln_" not in jax.tree_util.keystr(path)]
   _, matrix_ratio = state_bytes(matrices, n_params, mesh.size)
   ratio = (ratio, matrix_ratio)
+  saves = [_saved_bytes(state) for _ in range(SAVES)]
+  disk = tuple((min(kind), max(kind)) for kind in zip(*saves))
+  return opt, params, state, per_param, ratio, disk
+
+
+def _saved_bytes(state) -> tuple[int, int]:
+  """(bytes of the data files ``d/``, bytes of all files) of ``state``
+  saved alone as a fresh checkpoint."""
   with tempfile.TemporaryDirectory() as tmp:
     with checkpoints.CheckpointManager(tmp) as manager:
       manager.save(0, {"opt_state": state}, force=True)
       manager.wait_until_finished()
     files = [f for f in pathlib.Path(tmp).rglob("*") if f.is_file()]
-    disk = (sum(f.stat().st_size for f in files if f.parent.name == "d"),
+    return (sum(f.stat().st_size for f in files if f.parent.name == "d"),
             sum(f.stat().st_size for f in files))
-  return opt, params, state, per_param, ratio, disk
 
 
 def _grads(setup):
@@ -214,8 +222,14 @@ def layout_table(tree, setup, corpus):
       f"| {tree} ({n_params:,}) | {label(v)} |"
       f" {pp:.3f} | {r[0]:.3f} | {r[1]:.3f} |"
       f" {step_times[v][0] * 1e3:.2f} ms ({step_times[v][1]:.2f}x) |"
-      f" {d[0]:,} ({d[0] / disk32[0]:.1%}) | {d[1]:,} ({d[1] / disk32[1]:.1%}) |"
+      f" {_span(d[0])} ({d[0][0] / disk32[0][0]:.1%}) |"
+      f" {_span(d[1])} ({d[1][0] / disk32[1][0]:.1%}) |"
       for v, pp, r, d in rows], layouts
+
+
+def _span(low_high) -> str:
+  low, high = low_high
+  return f"{low:,}" if low == high else f"{low:,} to {high:,}"
 
 
 def _unsharded(tx):
@@ -486,15 +500,18 @@ def write_results(command, args, results, status) -> None:
       " same sharded tree, and in parentheses the median over the rounds of its"
       " time over float32's in the same round (the machine is shared: absolute"
       " times vary with its load, ratios much less). Checkpoint: the optimizer"
-      " state alone saved with `checkpoints.CheckpointManager`: the array chunk"
-      " files (`d/`, the optimizer-state bytes) and all files of the step (adds"
-      " per-leaf metadata: paths, shardings, checksums; quantized state has two"
-      " leaves per moment)."),
+      f" state alone saved with `checkpoints.CheckpointManager`, {SAVES} fresh saves"
+      " of the same state, smallest to largest (in parentheses the smallest"
+      " over float32's smallest): the data files (`d/`: the arrays' chunks and"
+      " OCDBT's own records; their total varies between saves of the same"
+      " state) and all files of the"
+      " step (adds per-leaf metadata: paths, shardings, checksums; quantized"
+      " state has two leaves per moment)."),
       "",
       (f"Trees: the demo model and a wider one ({WIDE}), both 'tp' rules."),
       "",
       ("| tree (params) | state | bytes / param | per-device / ideal | same, without"
-       " the norm scales' state | step time (vs float32) | checkpoint array data"
+       " the norm scales' state | step time (vs float32) | checkpoint data files"
        " bytes (vs float32) | checkpoint all files (vs float32) |"),
       "|---|---|---|---|---|---|---|---|",
       *results["layout"],
