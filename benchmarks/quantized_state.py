@@ -269,7 +269,8 @@ def one_device_rows():
   for tree, config in (("wide", WIDE), ("large", LARGE)):
     init = jax.jit(lambda key, c=config: Transformer(c).init(
         key, jnp.zeros((1, LENGTH - 1), jnp.int32))["params"])
-    grads = jax.tree.map(lambda p: 1e-3 * jnp.ones_like(p), init(jax.random.key(1)))
+    grads = jax.tree.map(lambda p: jnp.full(p.shape, 1e-3, p.dtype),
+                         jax.eval_shape(init, jax.random.key(1)))
     layouts, compile_seconds = {}, {}
     for variant in VARIANTS:
       tx = build("adamw", variant, 200)
