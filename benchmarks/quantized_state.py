@@ -187,25 +187,6 @@ def _grads(setup):
                       setup[-1](jax.random.key(1)))
 
 
-def time_updates(layouts, grads, rounds=15, steps=10):
-  """Per layout: (median seconds per ``opt.update``, median over rounds of
-  its time over float32's in the same round). Rounds interleave the layouts,
-  so load that changes between rounds cancels in the ratios. ``layouts``
-  gets the updated (donated) params and state."""
-  live = {k: [v[1], v[2]] for k, v in layouts.items()}
-  times = collections.defaultdict(list)
-  for _ in range(rounds):
-    for key, (opt, *_rest) in layouts.items():
-      seconds, params, state = timing.seconds_per_update(opt, grads, *live[key], steps)
-      times[key].append(seconds)
-      live[key] = [params, state]
-  for key, (params, state) in live.items():
-    layouts[key] = (layouts[key][0], params, state)
-  base = np.asarray(times[None])
-  return {k: (float(np.median(v)), float(np.median(np.asarray(v) / base)))
-          for k, v in times.items()}
-
-
 def layout_table(tree, setup, corpus):
   """Rows of the layout table (float32 and each quantized AdamW variant) for
   one tree, and the optimizers with their params and state."""
@@ -216,7 +197,7 @@ def layout_table(tree, setup, corpus):
         "adamw", variant, setup, n_params, corpus)
     layouts[variant] = (opt, params, state)
     rows.append((variant, per_param, ratio, disk))
-  step_times = time_updates(layouts, _grads(setup))
+  step_times = timing.interleaved(layouts, _grads(setup))
   disk32 = rows[0][3]
   return [
       f"| {tree} ({n_params:,}) | {label(v)} |"
@@ -279,11 +260,11 @@ def one_device_rows():
       tx_init = jax.jit(tx.init).lower(params).compile()
       compile_seconds[variant] = time.perf_counter() - start
       layouts[variant] = (_unsharded(tx), params, tx_init(params))
-    trees[tree] = (grads, layouts, compile_seconds, time_updates(layouts, grads))
+    trees[tree] = (grads, layouts, compile_seconds, timing.interleaved(layouts, grads))
   _keep_freed_memory()
   rows = []
   for tree, (grads, layouts, compile_seconds, default) in trees.items():
-    kept = time_updates(layouts, grads)
+    kept = timing.interleaved(layouts, grads)
     n_params = sum(x.size for x in jax.tree.leaves(grads))
     rows += [f"| {tree} ({n_params:,}; float32 state {8 * n_params / 2**20:.0f} MiB)"
              f" | {label(v)} | {default[v][0] * 1e3:.2f} ms ({default[v][1]:.2f}x)"

@@ -1,8 +1,10 @@
 """Seconds per optimizer update, timed the same way by every benchmark."""
 
+import collections
 import time
 
 import jax
+import numpy as np
 
 
 def seconds_per_update(opt, grads, params, state, steps):
@@ -15,3 +17,23 @@ def seconds_per_update(opt, grads, params, state, steps):
     params, state = opt.update(grads, state, params)
     jax.block_until_ready(state)
   return (time.perf_counter() - start) / steps, params, state
+
+
+def interleaved(layouts, grads, rounds=15, steps=10):
+  """Per key of ``layouts`` (key -> (opt, params, state); ``None`` is the
+  baseline): (median seconds per ``opt.update``, median over rounds of its
+  time over the baseline's in the same round). Rounds interleave the
+  layouts, so load that changes between rounds cancels in the ratios.
+  ``layouts`` gets the updated (donated) params and state."""
+  live = {k: [v[1], v[2]] for k, v in layouts.items()}
+  times = collections.defaultdict(list)
+  for _ in range(rounds):
+    for key, (opt, *_rest) in layouts.items():
+      seconds, params, state = seconds_per_update(opt, grads, *live[key], steps)
+      times[key].append(seconds)
+      live[key] = [params, state]
+  for key, (params, state) in live.items():
+    layouts[key] = (layouts[key][0], params, state)
+  base = np.asarray(times[None])
+  return {k: (float(np.median(v)), float(np.median(np.asarray(v) / base)))
+          for k, v in times.items()}

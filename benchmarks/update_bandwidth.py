@@ -1,0 +1,157 @@
+"""The AdamW update against the device's copy bandwidth: float32 state
+against 8-bit and 4-bit ``shardopt.quantized_state`` on one device.
+
+A tree of ``--leaves`` float32 matrices of ``--rows`` x ``--cols``, on the
+first device (a GPU with ``JAX_PLATFORMS=cuda``):
+
+* copy bandwidth: ``x + 1`` on a float32 array as large as all the params,
+  bytes read plus bytes written over its median time;
+* per state variant, AdamW's update through ``make_sharded_optimizer``
+  (params and state donated, timed in interleaved rounds): its median time,
+  its time over float32's in the same round, and the fewest bytes it must
+  move (gradients read, params and state each read and written once) over
+  its time, as a fraction of the copy bandwidth.
+
+Run from the repository root:  python -m benchmarks.update_bandwidth
+Writes benchmarks/results/update_bandwidth.md (``--results`` names another).
+"""
+
+import argparse
+import os
+import pathlib
+import re
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from benchmarks import resident
+from benchmarks import timing
+import shardopt
+from shardopt._src.quantization import codes
+
+RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "update_bandwidth.md"
+# Quantized state: (bits, code); None is float32 state.
+VARIANTS = [None] + [(bits, code) for bits in (8, 4) for code in codes.CODES]
+
+
+def label(variant) -> str:
+  return "float32" if variant is None else f"{variant[0]}-bit {variant[1]}"
+
+
+def optimizer(variant):
+  tx = shardopt.adamw(1e-3, weight_decay=1e-4)
+  if variant is None:
+    return tx
+  bits, code = variant
+  return shardopt.quantized_state(tx, bits=bits, code=code)
+
+
+def copy_bandwidth(n_elements: int, repeats: int) -> float:
+  """Bytes per second of ``x + 1`` over ``n_elements`` float32 values,
+  counting the bytes read and the bytes written."""
+  add_one = jax.jit(lambda x: x + 1.0)
+  x = jnp.ones((n_elements,), jnp.float32)
+  jax.block_until_ready(add_one(x))
+  seconds = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(add_one(x))
+    seconds.append(time.perf_counter() - start)
+  return 2 * x.nbytes / statistics.median(seconds)
+
+
+def tree(leaves: int, rows: int, cols: int, seed: int):
+  keys = jax.random.split(jax.random.key(seed), leaves)
+  normal = jax.jit(lambda k: jax.random.normal(k, (rows, cols), jnp.float32))
+  return {f"w{i}": normal(k) for i, k in enumerate(keys)}
+
+
+def _fusions(opt, grads, state, params) -> int:
+  text = opt.update.lower(grads, state, params).compile().as_text()
+  return len(re.findall(r"= \S+ fusion\(", text[text.index("ENTRY"):]))
+
+
+def measure(args):
+  """(rows of the table, copy bandwidth in bytes per second, params)."""
+  mesh = jax.make_mesh((1,), ("data",), devices=jax.devices()[:1])
+  params = tree(args.leaves, args.rows, args.cols, 0)
+  shardings = jax.tree.map(lambda _: NamedSharding(mesh, P()), params)
+  grads = jax.tree.map(lambda g: 1e-3 * g, tree(args.leaves, args.rows, args.cols, 1))
+  param_bytes = sum(p.nbytes for p in jax.tree.leaves(params))
+  layouts, traffic, kernels = {}, {}, {}
+  for variant in VARIANTS:
+    opt = shardopt.make_sharded_optimizer(optimizer(variant), params, shardings)
+    own = jax.tree.map(jnp.copy, params)
+    state = opt.init(own)
+    state_bytes, _ = resident.unique_and_per_device(state)
+    traffic[variant] = (3 * param_bytes + 2 * state_bytes, state_bytes)
+    kernels[variant] = _fusions(opt, grads, state, own)
+    layouts[variant] = (opt, own, state)
+  bandwidth = copy_bandwidth(param_bytes // 4, args.steps * args.rounds)
+  times = timing.interleaved(layouts, grads, rounds=args.rounds, steps=args.steps)
+  rows = []
+  n_params = param_bytes // 4
+  for variant in VARIANTS:
+    seconds, ratio = times[variant]
+    moved, state_bytes = traffic[variant]
+    rows.append(
+        f"| {label(variant)} | {state_bytes / n_params:.3f} | {moved / 2**30:.3f} |"
+        f" {kernels[variant]} | {seconds * 1e3:.3f} | {ratio:.2f}x |"
+        f" {moved / seconds / 1e9:,.0f} | {moved / seconds / bandwidth:.1%} |")
+    print(rows[-1], flush=True)
+  return rows, bandwidth, n_params
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--leaves", type=int, default=16)
+  parser.add_argument("--rows", type=int, default=4096)
+  parser.add_argument("--cols", type=int, default=4096)
+  parser.add_argument("--rounds", type=int, default=10)
+  parser.add_argument("--steps", type=int, default=20,
+                      help="timed updates per variant in each round")
+  parser.add_argument("--results", type=pathlib.Path, default=RESULTS)
+  args = parser.parse_args(argv)
+  command = "python -m benchmarks.update_bandwidth " + " ".join(
+      sys.argv[1:] if argv is None else argv)
+  rows, bandwidth, n_params = measure(args)
+  device = jax.devices()[0]
+  args.results.parent.mkdir(parents=True, exist_ok=True)
+  args.results.write_text("\n".join([
+      "# AdamW update against the device's copy bandwidth",
+      "",
+      (f"Command: `{command.strip()}` (from the repository root"
+       f"{', JAX_PLATFORMS=' + os.environ['JAX_PLATFORMS'] if 'JAX_PLATFORMS' in os.environ else ''})."
+       f" One {device.device_kind} ({device.platform}), jax {jax.__version__}."),
+      "",
+      (f"{args.leaves} float32 matrices of {args.rows} x {args.cols} ({n_params:,}"
+       " params). `shardopt.adamw(1e-3, weight_decay=1e-4)`, alone (float32"
+       " state) or in `shardopt.quantized_state(tx, bits, code=code)` with its"
+       " default block sizes, through `make_sharded_optimizer` on a one-device"
+       " mesh (params and state donated). Copy bandwidth: `x + 1` on"
+       f" {n_params:,} float32 values, bytes read plus written over the median"
+       f" of {args.rounds * args.steps} runs: {bandwidth / 1e9:,.0f} GB/s."),
+      "",
+      ("Fewest bytes moved: the gradients read once, the params and the state"
+       " each read once and written once. Step time: median over"
+       f" {args.rounds} interleaved rounds of {args.steps} updates, each waited"
+       " for; vs float32: the median over rounds of its time over float32's in"
+       " the same round. Kernels: XLA fusions in the compiled update. Fraction:"
+       " the fewest bytes over the step time, over the copy bandwidth."),
+      "",
+      ("| state | state bytes / param | fewest bytes moved (GiB) | kernels |"
+       " step time (ms) | vs float32 | GB/s | fraction of copy bandwidth |"),
+      "|---|---|---|---|---|---|---|---|",
+      *rows,
+      "",
+  ]))
+  print(f"copy bandwidth {bandwidth / 1e9:,.0f} GB/s; wrote {args.results}")
+
+
+if __name__ == "__main__":
+  main()
