@@ -7,19 +7,23 @@ import jax
 import numpy as np
 
 
-def seconds_per_update(opt, grads, params, state, steps):
-  """One warm update, then ``steps`` timed ones, each waited for; returns
-  (seconds per update, params, state) to carry into the next round."""
+def seconds_per_update(opt, grads, params, state, steps, wait_each=True):
+  """One warm update, then ``steps`` timed ones, each waited for (or,
+  ``wait_each=False``, only the last: the device's time per update without
+  the host's wait and dispatch in between); returns (seconds per update,
+  params, state) to carry into the next round."""
   params, state = opt.update(grads, state, params)  # warm
   jax.block_until_ready(state)
   start = time.perf_counter()
   for _ in range(steps):
     params, state = opt.update(grads, state, params)
-    jax.block_until_ready(state)
+    if wait_each:
+      jax.block_until_ready(state)
+  jax.block_until_ready(state)
   return (time.perf_counter() - start) / steps, params, state
 
 
-def interleaved(layouts, grads, rounds=15, steps=10):
+def interleaved(layouts, grads, rounds=15, steps=10, wait_each=True):
   """Per key of ``layouts`` (key -> (opt, params, state); ``None`` is the
   baseline): (median seconds per ``opt.update``, median over rounds of its
   time over the baseline's in the same round). Rounds interleave the
@@ -29,7 +33,8 @@ def interleaved(layouts, grads, rounds=15, steps=10):
   times = collections.defaultdict(list)
   for _ in range(rounds):
     for key, (opt, *_rest) in layouts.items():
-      seconds, params, state = seconds_per_update(opt, grads, *live[key], steps)
+      seconds, params, state = seconds_per_update(opt, grads, *live[key], steps,
+                                                  wait_each)
       times[key].append(seconds)
       live[key] = [params, state]
   for key, (params, state) in live.items():
