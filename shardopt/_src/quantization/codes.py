@@ -13,9 +13,8 @@ Two families, chosen by ``code_book(bits, signed, code)``:
 
 * Companded signed code, ``L = 2**(bits - 1) - 1``: ``y = 2x / (1 + |x|)``
   rounded to a multiple of ``1 / L``; decoding inverts the compander,
-  ``x = y / (2 - |y|)`` (at 8 bits by multiplications, ``_reciprocal``).
-  The compander's slope is 2 at 0 and 1/2 at 1, so small magnitudes get 4x
-  the resolution of large ones. 8-bit: 255 entries,
+  ``x = y / (2 - |y|)``. The compander's slope is 2 at 0 and 1/2 at 1, so
+  small magnitudes get 4x the resolution of large ones. 8-bit: 255 entries,
   smallest magnitude 1/253; 4-bit: 15 entries, smallest 1/13. Rounding is to
   the nearest entry in ``y``: in ``x`` one of the two entries around the
   value, not always the nearer (``max_error`` bounds the distance).
@@ -264,9 +263,7 @@ def _entries(index, book: CodeBook, xp):
   if book.kind == "companded":
     y = (index.astype(xp.float32) - np.float32(book.levels)) * np.float32(
         1 / book.levels)
-    if book.bits == 4:  # unpacked by a kernel of its own, which divides once
-      return y / (np.float32(2) - xp.abs(y))
-    return y * _reciprocal(np.float32(2) - xp.abs(y))
+    return y / (np.float32(2) - xp.abs(y))
   if book.kind == "minifloat":
     bits = (index.astype(xp.int32) + _minifloat_bias(book)) << (
         23 - book.mantissa_bits)
@@ -281,24 +278,6 @@ def _entries(index, book: CodeBook, xp):
   magnitude = _dynamic_magnitude(xp.maximum(rank, 0), book.levels, xp)
   signed = xp.sign(offset).astype(xp.float32) * magnitude
   return xp.where(offset == 0, np.float32(0.0), signed).astype(xp.float32)
-
-
-def _reciprocal(d):
-  """``1 / d`` for ``d`` in ``[1, 2]`` by multiplications alone: a linear
-  first guess (within 1/17) refined by three Newton steps (each squares the
-  relative error; then within float32's rounding).
-
-  8-bit codes are read in place by every loop of the update that needs the
-  decoded moment (its block reduction, its encode, the step), and XLA
-  repeats such arithmetic in each; a quotient it computes once and writes
-  out, a float temporary the size of the moment and a pass over it. 4-bit
-  codes are unpacked by a kernel of their own first, where one division
-  costs no extra pass, and decode so.
-  """
-  r = np.float32(24 / 17) - np.float32(8 / 17) * d
-  for _ in range(3):
-    r = r * (np.float32(2) - d * r)
-  return r
 
 
 def pack(index, axis: int):
