@@ -35,7 +35,8 @@ from benchmarks import timing
 import shardopt
 from shardopt._src.quantization import codes
 
-RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "update_bandwidth.md"
+RESULTS = (pathlib.Path(__file__).resolve().parent / "results"
+           / "update_bandwidth.md")
 # Quantized state: (bits, code); None is float32 state.
 VARIANTS = [None] + [(bits, code) for bits in (8, 4) for code in codes.CODES]
 
@@ -84,7 +85,8 @@ def measure(args):
   mesh = jax.make_mesh((1,), ("data",), devices=jax.devices()[:1])
   params = tree(args.leaves, args.rows, args.cols, 0)
   shardings = jax.tree.map(lambda _: NamedSharding(mesh, P()), params)
-  grads = jax.tree.map(lambda g: 1e-3 * g, tree(args.leaves, args.rows, args.cols, 1))
+  grads = jax.tree.map(lambda g: 1e-3 * g,
+                       tree(args.leaves, args.rows, args.cols, 1))
   param_bytes = sum(p.nbytes for p in jax.tree.leaves(params))
   layouts, traffic, kernels = {}, {}, {}
   for variant in VARIANTS:
@@ -125,12 +127,13 @@ def main(argv=None) -> None:
       sys.argv[1:] if argv is None else argv)
   rows, bandwidth, n_params = measure(args)
   device = jax.devices()[0]
+  platforms = os.environ.get("JAX_PLATFORMS")
+  where = f", JAX_PLATFORMS={platforms}" if platforms else ""
   args.results.parent.mkdir(parents=True, exist_ok=True)
   args.results.write_text("\n".join([
       "# AdamW update against the device's copy bandwidth",
       "",
-      (f"Command: `{command.strip()}` (from the repository root"
-       f"{', JAX_PLATFORMS=' + os.environ['JAX_PLATFORMS'] if 'JAX_PLATFORMS' in os.environ else ''})."
+      (f"Command: `{command.strip()}` (from the repository root{where})."
        f" One {device.device_kind} ({device.platform}), jax {jax.__version__}."),
       "",
       (f"{args.leaves} float32 matrices of {args.rows} x {args.cols} ({n_params:,}"
