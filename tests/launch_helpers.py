@@ -80,6 +80,18 @@ def wait_for_steps(out: pathlib.Path, steps: int, proc: subprocess.Popen,
   raise AssertionError(f"no {steps} steps within {timeout} s")
 
 
+def wait_for_checkpoint(directory: pathlib.Path, proc: subprocess.Popen,
+                        timeout: float) -> None:
+  """Blocks until ``directory`` holds a finalized checkpoint (fails if the job ends)."""
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    assert proc.poll() is None, f"the job ended early with {proc.returncode}"
+    if directory.is_dir() and checkpoint_steps(directory):
+      return
+    time.sleep(0.2)
+  raise AssertionError(f"no finalized checkpoint in {directory} within {timeout} s")
+
+
 def checkpoint_steps(directory: pathlib.Path) -> list[int]:
   """Finalized checkpoint steps (orbax renames a step's tmp dir when complete)."""
   return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())

@@ -69,6 +69,7 @@ def test_kill9_stops_the_job_and_resume_continues(tmp_path, adam_reference):
   launcher = h.start([*LAUNCH, *args, "--steps", "400"], log)
   try:
     h.wait_for_steps(out, 4, launcher, timeout=150)
+    h.wait_for_checkpoint(out / "checkpoints", launcher, timeout=150)  # saves are asynchronous
     victim = _child_with_process_id(launcher.pid, 1)
     survivor = _child_with_process_id(launcher.pid, 0)
     os.kill(victim, signal.SIGKILL)
