@@ -68,28 +68,30 @@ def losses(out: pathlib.Path) -> list[float]:
   return [r["loss"] for r in records]
 
 
+def _wait_until(ready, proc: subprocess.Popen, timeout: float, missing: str) -> None:
+  """Polls ``ready()`` until it holds; fails if the job ends first or ``timeout`` passes."""
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    assert proc.poll() is None, f"the job ended early with {proc.returncode}"
+    if ready():
+      return
+    time.sleep(0.2)
+  raise AssertionError(f"{missing} within {timeout} s")
+
+
 def wait_for_steps(out: pathlib.Path, steps: int, proc: subprocess.Popen,
                    timeout: float) -> None:
   """Blocks until ``out/metrics.jsonl`` has ``steps`` lines (fails if the job ends)."""
-  path, deadline = out / "metrics.jsonl", time.monotonic() + timeout
-  while time.monotonic() < deadline:
-    assert proc.poll() is None, f"the job ended early with {proc.returncode}"
-    if path.exists() and len(path.read_text().splitlines()) >= steps:
-      return
-    time.sleep(0.2)
-  raise AssertionError(f"no {steps} steps within {timeout} s")
+  path = out / "metrics.jsonl"
+  _wait_until(lambda: path.exists() and len(path.read_text().splitlines()) >= steps,
+              proc, timeout, f"no {steps} steps")
 
 
 def wait_for_checkpoint(directory: pathlib.Path, proc: subprocess.Popen,
                         timeout: float) -> None:
   """Blocks until ``directory`` holds a finalized checkpoint (fails if the job ends)."""
-  deadline = time.monotonic() + timeout
-  while time.monotonic() < deadline:
-    assert proc.poll() is None, f"the job ended early with {proc.returncode}"
-    if directory.is_dir() and checkpoint_steps(directory):
-      return
-    time.sleep(0.2)
-  raise AssertionError(f"no finalized checkpoint in {directory} within {timeout} s")
+  _wait_until(lambda: directory.is_dir() and bool(checkpoint_steps(directory)),
+              proc, timeout, f"no finalized checkpoint in {directory}")
 
 
 def checkpoint_steps(directory: pathlib.Path) -> list[int]:
