@@ -50,6 +50,8 @@ import numpy as np
 from benchmarks import low_precision
 from benchmarks import resident
 from benchmarks import timing
+from benchmarks.variants import VARIANTS
+from benchmarks.variants import label
 import checkpoints
 from launch import data
 from launch.model import ModelConfig
@@ -75,19 +77,12 @@ OPTIMIZERS = {
     "lion": (3e-4, shardopt.lion),
     "adafactor+momentum": (1e-2, lambda lr: shardopt.adafactor(lr, momentum=0.9)),
 }
-# Quantized state: (bits, code); None is float32 state.
-VARIANTS = [None] + [(bits, code) for bits in (8, 4) for code in codes.CODES]
-
 
 # The demo model, and a wider one (same layers) whose per-leaf checkpoint
 # metadata is small next to its arrays.
 DEMO = ModelConfig()
 WIDE = ModelConfig(d_model=256, head_dim=64, mlp=1024)
 LARGE = ModelConfig(d_model=512, head_dim=128, mlp=2048)
-
-
-def label(variant) -> str:
-  return "float32" if variant is None else f"{variant[0]}-bit {variant[1]}"
 
 
 def lm_setup(config=DEMO):

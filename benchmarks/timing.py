@@ -15,11 +15,10 @@ def seconds_per_update(opt, grads, params, state, steps, wait_each=True):
   params, state = opt.update(grads, state, params)  # warm
   jax.block_until_ready(state)
   start = time.perf_counter()
-  for _ in range(steps):
+  for step in range(steps):
     params, state = opt.update(grads, state, params)
-    if wait_each:
+    if wait_each or step == steps - 1:
       jax.block_until_ready(state)
-  jax.block_until_ready(state)
   return (time.perf_counter() - start) / steps, params, state
 
 

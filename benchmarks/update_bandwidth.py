@@ -32,17 +32,12 @@ from jax.sharding import PartitionSpec as P
 
 from benchmarks import resident
 from benchmarks import timing
+from benchmarks.variants import VARIANTS
+from benchmarks.variants import label
 import shardopt
-from shardopt._src.quantization import codes
 
 RESULTS = (pathlib.Path(__file__).resolve().parent / "results"
            / "update_bandwidth.md")
-# Quantized state: (bits, code); None is float32 state.
-VARIANTS = [None] + [(bits, code) for bits in (8, 4) for code in codes.CODES]
-
-
-def label(variant) -> str:
-  return "float32" if variant is None else f"{variant[0]}-bit {variant[1]}"
 
 
 def optimizer(variant):
