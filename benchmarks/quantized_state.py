@@ -547,8 +547,8 @@ def write_results(command, args, results, status) -> None:
       *results["kernels"],
       "",
       ("Kernel time of one update on the wide tree in microseconds, by kernel"
-       " kind (XLA's fusion names): from a `jax.profiler` trace of 10 updates,"
-       " the sum over kernels of each one's shortest run on any device, times"
+       " kind (XLA's fusion names): from a `jax.profiler` trace of 10 updates"
+       " (the update's program's kernels only), the sum over kernels of each one's shortest run on any device, times"
        " the 8 devices: the CPU time the kernels need with the other processes'"
        " load left out. Collectives' runs include waiting for the slowest"
        " device. Kinds under 100 us in every column left out of the rows (not of"
