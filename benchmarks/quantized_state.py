@@ -507,17 +507,16 @@ def write_results(command, args, results, status) -> None:
        " idle), params and state donated (the step takes params, grads, state"
        " and returns params, state: donated buffers back in the order they"
        " came, or XLA:CPU copies the state at every call); timed as above."
-       " The wide tree and a"
-       f" larger one ({LARGE}) whose float32 state alone is larger than this"
-       f" CPU's last-level cache ({_llc_text()}), where the update is bound by"
-       " memory traffic as a large model's is. XLA:CPU allocates an update's"
-       " temporaries (the decoded first moments, the clipped gradients) at"
-       " every call; with glibc's default allocation those over 32 MiB are"
-       " fresh pages, faulted in at every call. The next column keeps freed"
-       " memory (`mallopt`, as a pooling allocator would; measured after the"
-       " first, in the same process). Compile: seconds to compile `jit(tx.init)`"
-       " (moments that start as constants are quantized when init runs, not by"
-       " XLA's constant folder while compiling)."),
+       f" The wide tree and a larger one ({LARGE}) whose float32 state alone"
+       f" is larger than this CPU's last-level cache ({_llc_text()}), where"
+       " the update is bound by memory traffic as a large model's is. XLA:CPU"
+       " allocates an update's temporaries (the decoded first moments, the"
+       " clipped gradients) at every call; with glibc's default allocation"
+       " those over 32 MiB are fresh pages, faulted in at every call. The next"
+       " column keeps freed memory (`mallopt`, as a pooling allocator would;"
+       " measured after the first, in the same process). Compile: seconds to"
+       " compile `jit(tx.init)` (moments that start as constants are quantized"
+       " when init runs, not by XLA's constant folder while compiling)."),
       "",
       ("| tree (params) | state | step time (vs float32), glibc default |"
        " step time (vs float32), freed memory kept | init compile |"),
@@ -548,11 +547,11 @@ def write_results(command, args, results, status) -> None:
       "",
       ("Kernel time of one update on the wide tree in microseconds, by kernel"
        " kind (XLA's fusion names): from a `jax.profiler` trace of 10 updates"
-       " (the update's program's kernels only), the sum over kernels of each one's shortest run on any device, times"
-       " the 8 devices: the CPU time the kernels need with the other processes'"
-       " load left out. Collectives' runs include waiting for the slowest"
-       " device. Kinds under 100 us in every column left out of the rows (not of"
-       " `all`)."),
+       " (the update's program's kernels only), the sum over kernels of each"
+       " one's shortest run on any device, times the 8 devices: the CPU time"
+       " the kernels need with the other processes' load left out. Collectives'"
+       " runs include waiting for the slowest device. Kinds under 100 us in"
+       " every column left out of the rows (not of `all`)."),
       "",
       *results["kernel_times"],
       "",
