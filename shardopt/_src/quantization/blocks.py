@@ -144,16 +144,31 @@ def _merge(x, parts):
 def quantize(x: jax.Array, tile, book: codes.CodeBook, bits: int) -> BlockCodes:
   """``x`` as codes of ``book`` and a per-block absmax scale."""
   layout = _layout(x.shape, tile)
-  blocks = _split(x.astype(jnp.float32), layout.parts)
-  scales = _absmax(blocks, layout.inner, book.signed)
+  x = x.astype(jnp.float32)
+  scales = _absmax(_split(x, layout.parts), layout.inner, book.signed)
+  full = _per_element(scales, layout)
   # +-inf saturate to +-scale; nan stays nan (the code nearest 0).
-  clipped = jnp.clip(blocks, -scales if book.signed else 0.0, scales)
-  index = codes.encode(clipped, scales, book)
+  index = codes.encode(jnp.clip(x, -full if book.signed else 0.0, full), full,
+                       book)
   if bits == 4:  # pairs within a block: entries k and k + t/2 of its tile
-    index = codes.pack(index, layout.pair)
-    layout = _layout(_packed_shape(x.shape, tile), tile, packed=True)
-  return BlockCodes(_merge(index, layout.parts),
-                        _merge(scales, layout.scale_parts))
+    packed = _layout(_packed_shape(x.shape, tile), tile, packed=True)
+    index = _merge(codes.pack(_split(index, layout.parts), layout.pair),
+                   packed.parts)
+  return BlockCodes(index, _merge(scales, layout.scale_parts))
+
+
+def _per_element(scales, layout: _Layout):
+  """Block ``scales`` (in the split shape, inner lengths 1) broadcast to one
+  per element of the leaf, in the leaf's own shape.
+
+  Codes are computed and decoded in the leaf's own shape rather than in the
+  split view: the compiled update then copies fewer of its donated arrays
+  (AdamW on the wide LM tree, 8 simulated devices: 43 -> 29 copies at 8
+  bits, 29 -> 15 at 4), and the 4-bit update took 0.87-0.96x its time in
+  side-by-side runs (8-bit: 0.97-1.02x).
+  """
+  shape = tuple(n for part in layout.parts for n in part)
+  return _merge(jnp.broadcast_to(scales, shape), layout.parts)
 
 
 def _absmax(blocks, inner, signed: bool):
@@ -186,10 +201,10 @@ def dequantize(q: BlockCodes, tile, book: codes.CodeBook, bits: int,
                dtype) -> jax.Array:
   """The values that ``quantize`` stored, in ``dtype``."""
   layout = _layout(tuple(n * t for n, t in zip(q.scales.shape, tile)), tile)
+  index = q.codes
   if bits == 4:
     packed = _layout(q.codes.shape, tile, packed=True)
-    index = codes.unpack(_split(q.codes, packed.parts), layout.pair)
-  else:
-    index = _split(q.codes, layout.parts)
-  values = codes.decode(index, _split(q.scales, layout.scale_parts), book)
-  return _merge(values, layout.parts).astype(dtype)
+    index = _merge(codes.unpack(_split(q.codes, packed.parts), layout.pair),
+                   layout.parts)
+  full = _per_element(_split(q.scales, layout.scale_parts), layout)
+  return codes.decode(index, full, book).astype(dtype)
