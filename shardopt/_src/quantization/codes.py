@@ -284,22 +284,37 @@ def pack(index, axis: int):
   """Two 4-bit indices per byte along ``axis`` (even length ``2h``): entry
   ``k`` in the low nibble, entry ``k + h`` in the high one.
 
-  Packed by a window sum (``reduce_window`` over windows of the two
+  The same bytes on every backend, written for each compiler's fusion
+  (``jax.lax.platform_dependent``, as ``blocks._absmax``): on XLA:CPU by a
+  window sum (``_pack_by_window_sum``), elsewhere, and wherever ``axis`` is
+  split across devices in ``index``'s sharding type (Explicit mesh axes, a
+  block not fitted to the shards), from the two halves
+  (``_pack_halves``).
+  """
+  if _sharded_along(index, axis):
+    return _pack_halves(index, axis)
+  return jax.lax.platform_dependent(
+      index, cpu=lambda i: _pack_by_window_sum(i, axis),
+      default=lambda i: _pack_halves(i, axis))
+
+
+def _pack_halves(index, axis: int):
+  """``pack`` from slices of the two halves."""
+  half = index.shape[axis] // 2
+  low = jax.lax.slice_in_dim(index, 0, half, axis=axis)
+  high = jax.lax.slice_in_dim(index, half, index.shape[axis], axis=axis)
+  return (low | (high << 4)).astype(jnp.uint8)
+
+
+def _pack_by_window_sum(index, axis: int):
+  """``pack`` as a window sum (``reduce_window`` over windows of the two
   entries ``h`` apart, the high one weighted by 16: exact in ``uint8``),
   which XLA:CPU runs as a kernel of its own after the encode's loop. Packed
   inside that loop (a sum over a pair axis, slices of the halves, strided
   slices of neighbours or a ``uint16`` bitcast), the loop changes shape
-  between its operands and its output, and XLA:CPU does not vectorise it.
-  Where ``axis`` is split across devices in ``index``'s sharding type
-  (Explicit mesh axes, a block not fitted to the shards), the halves are
-  taken as slices.
-  """
+  between its operands and its output, and XLA:CPU does not vectorise it."""
   shape = index.shape
   half = shape[axis] // 2
-  if _sharded_along(index, axis):
-    low = jax.lax.slice_in_dim(index, 0, half, axis=axis)
-    high = jax.lax.slice_in_dim(index, half, shape[axis], axis=axis)
-    return (low | (high << 4)).astype(jnp.uint8)
   weights = np.repeat(np.uint8([1, 16]), half).reshape(
       [2 * half if d == axis else 1 for d in range(len(shape))])
   weighted = index.astype(jnp.uint8) * weights
@@ -317,5 +332,32 @@ def _sharded_along(x, axis: int) -> bool:
 
 
 def unpack(packed, axis: int):
-  """Inverse of ``pack``: ``axis`` doubles in length."""
+  """Inverse of ``pack``: ``axis`` doubles in length.
+
+  Per backend as ``pack``: on XLA:CPU, and where ``axis`` is split across
+  devices in ``packed``'s sharding type, the two nibbles' arrays
+  concatenated (``_unpack_concatenated``); elsewhere a shift by the half a
+  value comes from (``_unpack_by_shifts``), which XLA:GPU fuses into the
+  loops that decode the codes and XLA:CPU does not vectorise.
+  """
+  if _sharded_along(packed, axis):
+    return _unpack_concatenated(packed, axis)
+  return jax.lax.platform_dependent(
+      packed, cpu=lambda p: _unpack_concatenated(p, axis),
+      default=lambda p: _unpack_by_shifts(p, axis))
+
+
+def _unpack_concatenated(packed, axis: int):
   return jnp.concatenate([packed & 0xF, packed >> 4], axis=axis)
+
+
+def _unpack_by_shifts(packed, axis: int):
+  """``unpack`` as one elementwise computation: a new axis of the two
+  halves, each shifting ``packed`` by its nibble's place, merged into
+  ``axis``."""
+  shape = list(packed.shape)
+  halves = shape[:axis] + [2] + shape[axis:]
+  wide = jnp.broadcast_to(jnp.expand_dims(packed, axis), halves)
+  shift = jax.lax.broadcasted_iota(jnp.uint8, halves, axis) * np.uint8(4)
+  shape[axis] *= 2
+  return ((wide >> shift) & np.uint8(0xF)).reshape(shape)
