@@ -229,7 +229,8 @@ def dequantize(q: BlockCodes, tile, book: codes.CodeBook, bits: int,
   index = q.codes
   if bits == 4:
     packed = _layout(q.codes.shape, tile, packed=True)
-    index = _merge(codes.unpack(_split(q.codes, packed.parts), layout.pair),
+    index = _merge(codes.unpack(_split(q.codes, packed.parts), layout.pair,
+                                in_loops=book.family == "companded"),
                    layout.parts)
   full = _per_element(_split(q.scales, layout.scale_parts), layout)
   return codes.decode(index, full, book).astype(dtype)
