@@ -283,18 +283,32 @@ _STRUCTURAL = {"reshape", "broadcast_in_dim", "squeeze", "expand_dims", "pjit"}
 def _elementwise_ops(fn, arg, size: int) -> int:
   """Operations in ``fn(arg)``'s jaxpr with an output of ``size`` elements
   (or half as many, 4-bit pairs): the work per element, reshapes and
-  broadcasts left out."""
+  broadcasts left out, and of a choice by platform only this backend's
+  branch (the choice itself is no operation)."""
   sizes = {size, size // 2}
   def count(jaxpr):
     n = 0
     for eqn in jaxpr.eqns:
-      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      for sub in _compiled_here(eqn):
         n += count(sub)
-      if eqn.primitive.name not in _STRUCTURAL and any(
+      if eqn.primitive.name not in _STRUCTURAL and not eqn.params.get(
+          "branches_platforms") and any(
           getattr(v.aval, "size", 0) in sizes for v in eqn.outvars):
         n += 1
     return n
   return count(jax.make_jaxpr(fn)(arg).jaxpr)
+
+
+def _compiled_here(eqn):
+  """The sub-jaxprs of ``eqn`` that this backend compiles: of a
+  ``jax.lax.platform_dependent`` choice, only this backend's branch."""
+  platforms = eqn.params.get("branches_platforms")
+  if not platforms:
+    return jax.extend.core.jaxprs_in_params(eqn.params)
+  for branch, names in zip(eqn.params["branches"], platforms):
+    if names is None or jax.default_backend() in names:
+      return [branch.jaxpr]
+  return []
 
 
 def op_rows() -> list[str]:

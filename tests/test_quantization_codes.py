@@ -135,6 +135,43 @@ def test_pack_puts_two_indices_per_byte():
   np.testing.assert_array_equal(np.asarray(codes.unpack(codes.pack(index, 0), 0)), index)
 
 
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_every_backend_form_of_pack_and_unpack_gives_the_same_bytes(axis):
+  # XLA:CPU compiles one form, other backends the other (platform_dependent):
+  # both against the layout written out with numpy.
+  rng = np.random.default_rng(axis)
+  index = rng.integers(0, 16, (4, 6, 8)).astype(np.uint8)
+  low, high = np.split(index, 2, axis=axis)
+  expected = low | (high << 4)
+  for pack in (codes._pack_halves, codes._pack_by_window_sum, codes.pack):
+    packed = jax.jit(pack, static_argnums=1)(jnp.asarray(index), axis)
+    np.testing.assert_array_equal(np.asarray(packed), expected)
+  for unpack in (codes._unpack_by_shifts, codes._unpack_concatenated,
+                 codes.unpack):
+    got = jax.jit(unpack, static_argnums=1)(jnp.asarray(expected), axis)
+    np.testing.assert_array_equal(np.asarray(got), index)
+
+
+@pytest.mark.parametrize("signed", [True, False])
+def test_every_backend_form_of_the_block_absmax_agrees(signed):
+  # Blocks of 16 along the last axis: random values, one block all
+  # negative, one all zero, one all non-finite, one value of each kind of
+  # non-finite in others.
+  rng = np.random.default_rng(3)
+  x = rng.normal(size=(6, 4, 16)).astype(np.float32)
+  x[0, 1] = -np.abs(x[0, 1])
+  x[1, 2] = 0.0
+  x[2, 0] = [np.nan, np.inf, -np.inf, np.nan] * 4
+  x[3, 3, 5], x[4, 1, 0], x[5, 2, 9] = np.nan, np.inf, -np.inf
+  finite = np.where(np.isfinite(x), x, 0.0)
+  expected = (np.abs(finite) if signed else np.maximum(finite, 0.0)).max(
+      axis=2, keepdims=True)
+  for form in (blocks._absmax_two_valued, blocks._absmax_of_magnitudes,
+               blocks._absmax):
+    got = jax.jit(lambda b: form(b, (2,), signed))(jnp.asarray(x))
+    np.testing.assert_array_equal(np.asarray(got), expected)
+
+
 def test_tiles_fill_from_the_last_dimension_and_fit_the_shards():
   assert blocks.choose_tile((64, 128), 256, (64, 128)) == (2, 128)
   assert blocks.choose_tile((256, 64), 256, (64, 32)) == (8, 32)

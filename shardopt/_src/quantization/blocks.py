@@ -177,10 +177,11 @@ def _absmax(blocks, inner, signed: bool):
 
   The same values bit for bit on every backend, written for each compiler's
   fusion (``jax.lax.platform_dependent`` picks one when the update is
-  lowered; measured on XLA:CPU and on one H200 with XLA:GPU, where each
-  form is several times slower than the other on the other backend):
-  XLA:CPU gets ``_absmax_two_valued``, every other backend
-  ``_absmax_of_magnitudes``.
+  lowered): XLA:CPU gets ``_absmax_two_valued``, every other backend
+  ``_absmax_of_magnitudes``. Each form is slower on the other compiler:
+  the 8-bit AdamW update took 4.0x its time on XLA:CPU with the second form
+  (16 leaves of 256 x 1024, one device), and 1.35x on one H200 with the
+  first (16 of 4096 x 4096).
   """
   return jax.lax.platform_dependent(
       blocks, cpu=lambda b: _absmax_two_valued(b, inner, signed),
@@ -209,8 +210,9 @@ def _absmax_two_valued(blocks, inner, signed: bool):
 def _absmax_of_magnitudes(blocks, inner, signed: bool):
   """``_absmax`` as one ``max`` over ``|x|`` (unsigned: ``x``), non-finite
   values replaced by ``-inf`` (unsigned, ``-inf`` is kept as it is): XLA:GPU
-  fuses it, the moments' computation included, into the update's one
-  reduction kernel per param."""
+  fuses it and the moments' computation into one reduction kernel (8-bit
+  AdamW on one H200: two kernels per param, both block maxima and the new
+  params in the first, the codes in the second)."""
   magnitude = jnp.abs(blocks) if signed else blocks
   finite = jnp.where(magnitude < jnp.inf, magnitude, -jnp.inf)
   return jnp.maximum(jnp.max(finite, axis=inner, keepdims=True), 0.0)
