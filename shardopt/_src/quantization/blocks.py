@@ -179,9 +179,9 @@ def _absmax(blocks, inner, signed: bool):
   fusion (``jax.lax.platform_dependent`` picks one when the update is
   lowered): XLA:CPU gets ``_absmax_two_valued``, every other backend
   ``_absmax_of_magnitudes``. Each form is slower on the other compiler:
-  the 8-bit AdamW update took 4.0x its time on XLA:CPU with the second form
-  (16 leaves of 256 x 1024, one device), and 1.35x on one H200 with the
-  first (16 of 4096 x 4096).
+  the 8-bit AdamW update took 4.53x its time on XLA:CPU with the second form
+  (16 leaves of 256 x 1024, one device) and 1.35x on one H200 with the
+  first (16 of 4096 x 4096; ``benchmarks/results/backend_forms*.md``).
   """
   return jax.lax.platform_dependent(
       blocks, cpu=lambda b: _absmax_two_valued(b, inner, signed),

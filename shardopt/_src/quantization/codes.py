@@ -294,8 +294,9 @@ def pack(index, axis: int):
   window sum (``_pack_by_window_sum``), elsewhere, and wherever ``axis`` is
   split across devices in ``index``'s sharding type (Explicit mesh axes, a
   block not fitted to the shards), from the two halves
-  (``_pack_halves``; on one H200 the window sum took the 4-bit AdamW update
-  1.03x as long).
+  (``_pack_halves``; with the window sum the 4-bit AdamW update took 1.03x
+  as long on one H200, with the halves 2.69-3.31x on XLA:CPU:
+  ``benchmarks/results/backend_forms*.md``).
   """
   if _sharded_along(index, axis):
     return _pack_halves(index, axis)
@@ -347,9 +348,9 @@ def unpack(packed, axis: int, in_loops: bool = True):
   ``pack``), a shift by the half a value comes from (``_unpack_by_shifts``),
   which XLA:GPU fuses into the loops that decode the codes and XLA:CPU does
   not vectorise. ``blocks.dequantize`` asks for it for the companded
-  family's books only: on one H200 the 4-bit AdamW update took 1.22x
-  float32's time with it and 1.59x without, the dynamic code's 2.81x with it
-  and 2.02x without.
+  family's books only: on one H200 the 4-bit AdamW update took 1.23x
+  float32's time with it and 1.59x without, the dynamic code's 2.83x with it
+  and 2.02x without (``benchmarks/results/backend_forms_gpu.md``).
   """
   if _sharded_along(packed, axis) or not in_loops:
     return _unpack_concatenated(packed, axis)
