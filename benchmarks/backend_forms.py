@@ -22,11 +22,8 @@ Run from the repository root:  python -m benchmarks.backend_forms
 benchmarks/results/backend_forms.md (``--results`` names another).
 """
 
-import argparse
 import contextlib
-import os
 import pathlib
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -120,27 +117,15 @@ def measure(args):
 
 
 def main(argv=None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--leaves", type=int, default=16)
-  parser.add_argument("--rows", type=int, default=4096)
-  parser.add_argument("--cols", type=int, default=4096)
-  parser.add_argument("--rounds", type=int, default=7)
-  parser.add_argument("--steps", type=int, default=10,
-                      help="timed updates per variant in each round")
-  parser.add_argument("--results", type=pathlib.Path, default=RESULTS)
-  args = parser.parse_args(argv)
-  command = "python -m benchmarks.backend_forms " + " ".join(
-      sys.argv[1:] if argv is None else argv)
+  args, command = update_bandwidth.parse_arguments(
+      "benchmarks.backend_forms", __doc__.splitlines()[0], RESULTS,
+      rounds=7, steps=10, argv=argv)
   rows = measure(args)
-  device = jax.devices()[0]
-  platforms = os.environ.get("JAX_PLATFORMS")
-  where = f", JAX_PLATFORMS={platforms}" if platforms else ""
   args.results.parent.mkdir(parents=True, exist_ok=True)
   args.results.write_text("\n".join([
       "# Quantized state's per-backend forms, side by side",
       "",
-      (f"Command: `{command.strip()}` (from the repository root{where})."
-       f" One {device.device_kind} ({device.platform}), jax {jax.__version__}."),
+      update_bandwidth.command_line(command),
       "",
       (f"{args.leaves} float32 matrices of {args.rows} x {args.cols};"
        " AdamW's update (`benchmarks.update_bandwidth`'s) through"

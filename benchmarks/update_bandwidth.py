@@ -108,28 +108,43 @@ def measure(args):
   return rows, bandwidth, n_params
 
 
-def main(argv=None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_arguments(module, description, results, rounds, steps, argv):
+  """(arguments, the command line) of a one-device AdamW benchmark: the
+  tree (``--leaves`` matrices of ``--rows`` x ``--cols``), the timing and
+  the results file."""
+  parser = argparse.ArgumentParser(description=description)
   parser.add_argument("--leaves", type=int, default=16)
   parser.add_argument("--rows", type=int, default=4096)
   parser.add_argument("--cols", type=int, default=4096)
-  parser.add_argument("--rounds", type=int, default=10)
-  parser.add_argument("--steps", type=int, default=20,
+  parser.add_argument("--rounds", type=int, default=rounds)
+  parser.add_argument("--steps", type=int, default=steps,
                       help="timed updates per variant in each round")
-  parser.add_argument("--results", type=pathlib.Path, default=RESULTS)
+  parser.add_argument("--results", type=pathlib.Path, default=results)
   args = parser.parse_args(argv)
-  command = "python -m benchmarks.update_bandwidth " + " ".join(
+  command = f"python -m {module} " + " ".join(
       sys.argv[1:] if argv is None else argv)
-  rows, bandwidth, n_params = measure(args)
+  return args, command.strip()
+
+
+def command_line(command: str) -> str:
+  """The results file's line naming the command, where and what ran it."""
   device = jax.devices()[0]
   platforms = os.environ.get("JAX_PLATFORMS")
   where = f", JAX_PLATFORMS={platforms}" if platforms else ""
+  return (f"Command: `{command}` (from the repository root{where})."
+          f" One {device.device_kind} ({device.platform}), jax {jax.__version__}.")
+
+
+def main(argv=None) -> None:
+  args, command = parse_arguments(
+      "benchmarks.update_bandwidth", __doc__.splitlines()[0], RESULTS,
+      rounds=10, steps=20, argv=argv)
+  rows, bandwidth, n_params = measure(args)
   args.results.parent.mkdir(parents=True, exist_ok=True)
   args.results.write_text("\n".join([
       "# AdamW update against the device's copy bandwidth",
       "",
-      (f"Command: `{command.strip()}` (from the repository root{where})."
-       f" One {device.device_kind} ({device.platform}), jax {jax.__version__}."),
+      command_line(command),
       "",
       (f"{args.leaves} float32 matrices of {args.rows} x {args.cols} ({n_params:,}"
        " params). `shardopt.adamw(1e-3, weight_decay=1e-4)`, alone (float32"
