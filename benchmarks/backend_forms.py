@@ -28,11 +28,9 @@ import pathlib
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
+from benchmarks import one_device
 from benchmarks import timing
-from benchmarks import update_bandwidth
 from benchmarks.variants import label
 import shardopt
 from shardopt._src.quantization import blocks
@@ -83,17 +81,13 @@ def _same(a, b) -> bool:
 
 
 def measure(args):
-  mesh = jax.make_mesh((1,), ("data",), devices=jax.devices()[:1])
-  params = update_bandwidth.tree(args.leaves, args.rows, args.cols, 0)
-  grads = jax.tree.map(lambda g: 1e-3 * g, update_bandwidth.tree(
-      args.leaves, args.rows, args.cols, 1))
-  shardings = jax.tree.map(lambda _: NamedSharding(mesh, P()), params)
+  params, grads, shardings = one_device.problem(args)
   layouts, rows, reference = {}, [], {}
   cases = [(None, None)] + [((bits, code), step) for bits in (8, 4)
                             for code in codes.CODES
                             for step in (None,) + SWAPS[bits]]
   for variant, step in cases:
-    tx = update_bandwidth.optimizer(variant)
+    tx = one_device.optimizer(variant)
     opt = shardopt.make_sharded_optimizer(tx, params, shardings)
     with swapped(step) if step else contextlib.nullcontext():
       own, state = _state_after(opt, params, grads)
@@ -117,7 +111,7 @@ def measure(args):
 
 
 def main(argv=None) -> None:
-  args, command = update_bandwidth.parse_arguments(
+  args, command = one_device.parse_arguments(
       "benchmarks.backend_forms", __doc__.splitlines()[0], RESULTS,
       rounds=7, steps=10, argv=argv)
   rows = measure(args)
@@ -125,7 +119,7 @@ def main(argv=None) -> None:
   args.results.write_text("\n".join([
       "# Quantized state's per-backend forms, side by side",
       "",
-      update_bandwidth.command_line(command),
+      one_device.command_line(command),
       "",
       (f"{args.leaves} float32 matrices of {args.rows} x {args.cols};"
        " AdamW's update (`benchmarks.update_bandwidth`'s) through"

@@ -17,19 +17,15 @@ Run from the repository root:  python -m benchmarks.update_bandwidth
 Writes benchmarks/results/update_bandwidth.md (``--results`` names another).
 """
 
-import argparse
-import os
 import pathlib
 import re
 import statistics
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
+from benchmarks import one_device
 from benchmarks import resident
 from benchmarks import timing
 from benchmarks.variants import VARIANTS
@@ -38,14 +34,6 @@ import shardopt
 
 RESULTS = (pathlib.Path(__file__).resolve().parent / "results"
            / "update_bandwidth.md")
-
-
-def optimizer(variant):
-  tx = shardopt.adamw(1e-3, weight_decay=1e-4)
-  if variant is None:
-    return tx
-  bits, code = variant
-  return shardopt.quantized_state(tx, bits=bits, code=code)
 
 
 def copy_bandwidth(n_elements: int, rounds: int, steps: int) -> float:
@@ -64,12 +52,6 @@ def copy_bandwidth(n_elements: int, rounds: int, steps: int) -> float:
   return 2 * x.nbytes / statistics.median(seconds)
 
 
-def tree(leaves: int, rows: int, cols: int, seed: int):
-  keys = jax.random.split(jax.random.key(seed), leaves)
-  normal = jax.jit(lambda k: jax.random.normal(k, (rows, cols), jnp.float32))
-  return {f"w{i}": normal(k) for i, k in enumerate(keys)}
-
-
 def _fusions(opt, grads, state, params) -> int:
   text = opt.update.lower(grads, state, params).compile().as_text()
   return len(re.findall(r"= \S+ fusion\(", text[text.index("ENTRY"):]))
@@ -77,15 +59,12 @@ def _fusions(opt, grads, state, params) -> int:
 
 def measure(args):
   """(rows of the table, copy bandwidth in bytes per second, params)."""
-  mesh = jax.make_mesh((1,), ("data",), devices=jax.devices()[:1])
-  params = tree(args.leaves, args.rows, args.cols, 0)
-  shardings = jax.tree.map(lambda _: NamedSharding(mesh, P()), params)
-  grads = jax.tree.map(lambda g: 1e-3 * g,
-                       tree(args.leaves, args.rows, args.cols, 1))
+  params, grads, shardings = one_device.problem(args)
   param_bytes = sum(p.nbytes for p in jax.tree.leaves(params))
   layouts, traffic, kernels = {}, {}, {}
   for variant in VARIANTS:
-    opt = shardopt.make_sharded_optimizer(optimizer(variant), params, shardings)
+    opt = shardopt.make_sharded_optimizer(one_device.optimizer(variant),
+                                          params, shardings)
     own = jax.tree.map(jnp.copy, params)
     state = opt.init(own)
     state_bytes, _ = resident.unique_and_per_device(state)
@@ -108,35 +87,8 @@ def measure(args):
   return rows, bandwidth, n_params
 
 
-def parse_arguments(module, description, results, rounds, steps, argv):
-  """(arguments, the command line) of a one-device AdamW benchmark: the
-  tree (``--leaves`` matrices of ``--rows`` x ``--cols``), the timing and
-  the results file."""
-  parser = argparse.ArgumentParser(description=description)
-  parser.add_argument("--leaves", type=int, default=16)
-  parser.add_argument("--rows", type=int, default=4096)
-  parser.add_argument("--cols", type=int, default=4096)
-  parser.add_argument("--rounds", type=int, default=rounds)
-  parser.add_argument("--steps", type=int, default=steps,
-                      help="timed updates per variant in each round")
-  parser.add_argument("--results", type=pathlib.Path, default=results)
-  args = parser.parse_args(argv)
-  command = f"python -m {module} " + " ".join(
-      sys.argv[1:] if argv is None else argv)
-  return args, command.strip()
-
-
-def command_line(command: str) -> str:
-  """The results file's line naming the command, where and what ran it."""
-  device = jax.devices()[0]
-  platforms = os.environ.get("JAX_PLATFORMS")
-  where = f", JAX_PLATFORMS={platforms}" if platforms else ""
-  return (f"Command: `{command}` (from the repository root{where})."
-          f" One {device.device_kind} ({device.platform}), jax {jax.__version__}.")
-
-
 def main(argv=None) -> None:
-  args, command = parse_arguments(
+  args, command = one_device.parse_arguments(
       "benchmarks.update_bandwidth", __doc__.splitlines()[0], RESULTS,
       rounds=10, steps=20, argv=argv)
   rows, bandwidth, n_params = measure(args)
@@ -144,7 +96,7 @@ def main(argv=None) -> None:
   args.results.write_text("\n".join([
       "# AdamW update against the device's copy bandwidth",
       "",
-      command_line(command),
+      one_device.command_line(command),
       "",
       (f"{args.leaves} float32 matrices of {args.rows} x {args.cols} ({n_params:,}"
        " params). `shardopt.adamw(1e-3, weight_decay=1e-4)`, alone (float32"
