@@ -384,11 +384,15 @@ def _decoded(state):
           if _is_q(q)]
 
 
-def test_checkpoint_restores_onto_other_meshes(tmp_path):
-  """Saved on (2, 4): onto (4, 2), (8, 1) and one device. Leaves whose
-  blocks are the same there come back bit-equal; the others are re-tiled,
-  each decoded value within one quantization step, and listed."""
-  state = _trained_state(_mesh(), 4)
+@pytest.mark.parametrize("saved_on,restored_on", [
+    ("auto", "auto"), ("auto", "explicit"), ("explicit", "auto"),
+    ("explicit", "explicit")])
+def test_checkpoint_restores_onto_other_meshes(tmp_path, saved_on, restored_on):
+  """Saved on (2, 4): onto (4, 2), (8, 1) and one device, Auto or Explicit
+  axes on either side. Leaves whose blocks are the same there come back
+  bit-equal; the others are re-tiled, each decoded value within one
+  quantization step, and listed."""
+  state = _trained_state(_mesh(kind=saved_on), 4)
   saved = jax.device_get(state)
   with checkpoints.CheckpointManager(tmp_path) as manager:
     manager.save(3, {"opt_state": state}, force=True)
@@ -398,7 +402,7 @@ def test_checkpoint_restores_onto_other_meshes(tmp_path):
       "uint8"}
   tx = shardopt.quantized_state(shardopt.adamw(1e-2), 4)
   for shape in [(4, 2), (8, 1), (1, 1)]:
-    other = _mesh(shape)
+    other = _mesh(shape, kind=restored_on)
     opt = _sharded(tx, other, zero=True)
     target = jax.eval_shape(opt.init, _params(other))
     target = jax.tree.map(lambda t, s: jax.ShapeDtypeStruct(
@@ -416,12 +420,15 @@ def test_checkpoint_restores_onto_other_meshes(tmp_path):
       else:  # powers of two: 1.5 * 2**k lies 1/3 of itself from either
         np.testing.assert_allclose(g, w, rtol=1 / 3 + 1e-6,
                                    atol=np.max(w) * 2.0 ** -15)
-    pairs = zip(jax.tree.leaves(got, is_leaf=_is_q), jax.tree.leaves(saved, is_leaf=_is_q))
-    same_tiles = [g for g, w in pairs if _is_q(g) and g.tile == w.tile]
-    retiled = set(restored.retiled)
-    assert len(retiled) + len(same_tiles) == len(_decoded(saved))
-    if shape == (1, 1):
-      assert retiled  # blocks fitted to (2, 4)'s shards differ from whole ones
+    same_tiles = 0
+    for g, w in zip(jax.tree.leaves(got, is_leaf=_is_q),
+                    jax.tree.leaves(saved, is_leaf=_is_q)):
+      if _is_q(g) and g.tile == w.tile:
+        same_tiles += 1
+        np.testing.assert_array_equal(np.asarray(g.codes), w.codes)
+        np.testing.assert_array_equal(np.asarray(g.scales), w.scales)
+    assert len(set(restored.retiled)) + same_tiles == len(quantized)
+    assert restored.retiled  # blocks fitted to (2, 4)'s shards differ here
 
 
 def _is_q(x) -> bool:

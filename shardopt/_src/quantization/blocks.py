@@ -27,7 +27,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
+from shardopt._src import typed_layouts
 from shardopt._src.quantization import codes
 
 __all__ = [
@@ -144,7 +146,7 @@ def _merge(x, parts):
 def quantize(x: jax.Array, tile, book: codes.CodeBook, bits: int) -> BlockCodes:
   """``x`` as codes of ``book`` and a per-block absmax scale."""
   layout = _layout(x.shape, tile)
-  x = x.astype(jnp.float32)
+  x = _fitted(x.astype(jnp.float32), tile)
   scales = _absmax(_split(x, layout.parts), layout.inner, book.signed)
   full = _per_element(scales, layout)
   # +-inf saturate to +-scale; nan stays nan (the code nearest 0).
@@ -218,6 +220,22 @@ def _absmax_of_magnitudes(blocks, inner, signed: bool):
   return jnp.maximum(jnp.max(finite, axis=inner, keepdims=True), 0.0)
 
 
+def _fitted(x, tile):
+  """``x``, or where its type splits a dimension over Explicit axes into
+  shards that cut its tiles (a state read from a checkpoint of another
+  mesh), ``x`` resharded with those dimensions whole: splitting a dimension
+  into blocks keeps its mesh axes only on whole blocks per shard. On Auto
+  axes ``x`` itself (the partitioner moves what it needs)."""
+  sharding = typed_layouts.explicit_sharding(x)
+  if sharding is None:
+    return x
+  spec = tuple(sharding.spec) + (None,) * (x.ndim - len(sharding.spec))
+  fits = tuple(entry if length % t == 0 else None for entry, length, t in
+               zip(spec, sharding.shard_shape(x.shape), tile))
+  return x if fits == spec else jax.sharding.reshard(
+      x, sharding.update(spec=P(*fits)))
+
+
 def _packed_shape(shape, tile) -> tuple[int, ...]:
   """The stored 4-bit codes' shape: ``shape`` halved on ``pack_axis``."""
   axis = pack_axis(tile)
@@ -228,11 +246,12 @@ def dequantize(q: BlockCodes, tile, book: codes.CodeBook, bits: int,
                dtype) -> jax.Array:
   """The values that ``quantize`` stored, in ``dtype``."""
   layout = _layout(tuple(n * t for n, t in zip(q.scales.shape, tile)), tile)
-  index = q.codes
+  index = _fitted(q.codes, _packed_shape(tile, tile) if bits == 4 else tile)
+  scales = typed_layouts.laid_out_like(q.scales, index)
   if bits == 4:
     packed = _layout(q.codes.shape, tile, packed=True)
-    index = _merge(codes.unpack(_split(q.codes, packed.parts), layout.pair,
+    index = _merge(codes.unpack(_split(index, packed.parts), layout.pair,
                                 in_loops=book.family == "companded"),
                    layout.parts)
-  full = _per_element(_split(q.scales, layout.scale_parts), layout)
+  full = _per_element(_split(scales, layout.scale_parts), layout)
   return codes.decode(index, full, book).astype(dtype)
