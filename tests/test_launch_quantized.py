@@ -1,6 +1,8 @@
 """The job with --state-bits: bytes per param on its meshes, the leaves it
 keeps in float, and resuming a quantized run onto other meshes."""
 
+import re
+
 import jax
 import numpy as np
 import pytest
@@ -50,3 +52,9 @@ def test_a_quantized_run_resumes_onto_other_meshes(tmp_path, capsys):
                        "--mesh", mesh, "--steps", str(step)]) == 0
     losses = launch_helpers.losses(out)
     assert len(losses) == step and all(np.isfinite(losses))
+    said = capsys.readouterr().out
+    assert f"resumed from step {step - 2}" in said
+    retiled = re.search(r"re-encoded (\d+) quantized state leaves in this mesh's blocks"
+                        r" \(each value within one quantization step of the saved one\): (.*)", said)
+    assert retiled, said  # blocks fitted to one mesh's shards differ on the next
+    assert len(retiled[2].split(", ")) == int(retiled[1]) > 0

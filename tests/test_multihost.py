@@ -10,6 +10,7 @@ the launcher stopping a job whose process was killed with SIGKILL, then a
 """
 
 import os
+import re
 import signal
 import time
 
@@ -52,6 +53,23 @@ def test_adam_two_processes_match_one_and_resume_in_one(tmp_path, adam_reference
   assert h.checkpoint_steps(out / "checkpoints") == [2, 4]
   resumed = h.run_in_process(out, *args, "--steps", "6", "--resume")
   assert_within_four_ulp(resumed, adam_reference[:6])
+
+
+def test_quantized_state_two_processes_resume_in_one_on_another_mesh(tmp_path, capsys):
+  """8-bit state saved by 2 processes on data=4,model=2, resumed by 1 on
+  data=8,model=1: the blocks differ, the leaves are re-encoded and named."""
+  out, args = tmp_path / "mh", ["--state-bits", "8", "--checkpoint-every", "2"]
+  assert h.run([*LAUNCH, *h.TINY, *args, "--steps", "2", "--out", str(out)],
+               tmp_path / "log", 240) == 0
+  one = h.run_in_process(tmp_path / "one", *args, "--steps", "2")
+  np.testing.assert_allclose(h.losses(out), one, rtol=1e-5)
+  capsys.readouterr()
+  resumed = h.run_in_process(out, *args, "--steps", "4", "--resume",
+                             "--mesh", "data=8,model=1")
+  said = capsys.readouterr().out
+  assert "resumed from step 2" in said
+  assert re.search(r"re-encoded [1-9]\d* quantized state leaves in this mesh's blocks", said), said
+  assert len(resumed) == 4 and np.all(np.isfinite(resumed))
 
 
 def _child_with_process_id(launcher_pid: int, index: int) -> int:
