@@ -3,11 +3,13 @@
 ``build_optimizer(args)`` looks the name up among shardopt's aliases (any of
 them: adam, adamw, adafactor, sgd, lion, ...; then shardopt.contrib's: muon,
 shampoo, soap, ...), passes the hyperparameters the user gave (and only those,
-so the alias's own defaults apply otherwise), and wraps it with global-norm
-clipping when asked.
+so the alias's own defaults apply otherwise) and the learning rate as the
+alias's annotation declares it (a schedule, or a number: then --schedule must
+be constant), and wraps it with global-norm clipping when asked.
 """
 
 import argparse
+import collections.abc
 import inspect
 import typing
 
@@ -39,7 +41,7 @@ def build_schedule(args: argparse.Namespace) -> shardopt.Schedule:
 def _alias(name: str):
   """The alias at shardopt's top level, or else in shardopt.contrib (muon, soap)."""
   factory = getattr(shardopt, name, None) or getattr(shardopt.contrib, name, None)
-  if factory is None or not callable(factory) or "learning_rate" not in _params(factory):
+  if not inspect.isfunction(factory) or "learning_rate" not in _params(factory):
     raise ValueError(f"--optimizer {name!r} is not a shardopt optimizer alias (a"
                      " function taking learning_rate, e.g. adamw, adafactor, sgd,"
                      " or one of shardopt.contrib, e.g. muon, shampoo, soap).")
@@ -89,13 +91,39 @@ def optimizer_kwargs(args: argparse.Namespace, factory) -> dict:
     raise ValueError(
         f"--optimizer {args.optimizer}: does not take {', '.join(unknown)}; it takes "
         + ", ".join(k for k in accepted if k != "learning_rate") + ".")
+  missing = [k for k, p in accepted.items() if k not in given and k != "learning_rate"
+             and p.default is inspect.Parameter.empty
+             and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+  if missing:
+    raise ValueError(f"--optimizer {args.optimizer}: needs {', '.join(missing)}; pass each as"
+                     " --opt NAME=VALUE (numbers only)")
   return given
+
+
+def takes_schedule(factory) -> bool:
+  """Whether the alias's ``learning_rate`` may be a schedule, as its
+  annotation declares (rprop's is the step size it starts from, a number)."""
+  annotation = _params(factory)["learning_rate"].annotation
+  return annotation is inspect.Parameter.empty or any(
+      typing.get_origin(kind) is collections.abc.Callable
+      for kind in typing.get_args(annotation))
+
+
+def _learning_rate(args: argparse.Namespace, factory):
+  """--schedule and --lr as the alias takes them: a schedule, or the number
+  --lr where its learning rate is a number and --schedule is constant."""
+  if takes_schedule(factory):
+    return build_schedule(args)
+  if args.schedule != "constant":
+    raise ValueError(f"its learning_rate is a number, not a schedule; pass --schedule constant"
+                     f" (not {args.schedule})")
+  return args.lr
 
 
 def build_optimizer(args: argparse.Namespace) -> shardopt.GradientTransformation:
   """The optimizer from --optimizer, its hyperparameters, --schedule and --clip-norm."""
   factory = _alias(args.optimizer)
-  tx = factory(learning_rate=build_schedule(args), **optimizer_kwargs(args, factory))
+  tx = factory(learning_rate=_learning_rate(args, factory), **optimizer_kwargs(args, factory))
   if args.clip_norm > 0:
     tx = shardopt.chain(shardopt.clip_by_global_norm(args.clip_norm), tx)
   return tx

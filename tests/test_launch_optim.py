@@ -1,9 +1,16 @@
-"""launch/optim.py: --optimizer names in shardopt and shardopt.contrib, --opt types."""
+"""launch/optim.py: --optimizer names in shardopt and shardopt.contrib, --opt types, the
+learning rate as each alias takes it."""
 
+import inspect
+
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from launch import cli
 from launch import optim
+import partitioning
 import shardopt
 
 
@@ -32,3 +39,59 @@ def test_integer_keywords_stay_integers(tmp_path):
 def test_unknown_name_points_to_contrib():
   with pytest.raises(ValueError, match="shardopt.contrib"):
     optim._alias("no_such_optimizer")
+
+
+def _aliases():
+  """Every name --optimizer accepts: shardopt's and shardopt.contrib's
+  functions taking a learning rate."""
+  names = set()
+  for home in (shardopt, shardopt.contrib):
+    for name in dir(home):
+      try:
+        optim._alias(name)
+      except ValueError:
+        continue
+      names.add(name)
+  return sorted(names)
+
+
+def test_aliases_are_optimizers_not_state_classes():
+  names = _aliases()
+  assert {"adamw", "rprop", "muon", "sophia"} <= set(names)
+  assert "ScaleByZoomLinesearchState" not in names  # has a learning_rate field
+
+
+@pytest.mark.parametrize("name", _aliases())
+def test_every_alias_builds_with_the_jobs_learning_rate_and_plans_its_state(
+    tmp_path, name):
+  """The job's learning rate as the alias declares it: a schedule by
+  default, the number --lr with --schedule constant where the alias takes
+  no schedule (else a usage error saying so); its state initialises and
+  has a memory plan (PRNG keys included). An alias with required arguments
+  is a usage error naming them."""
+  factory = optim._alias(name)
+  default = _args(tmp_path, "--optimizer", name)
+  required = [k for k, p in inspect.signature(factory).parameters.items()
+              if p.default is p.empty and k != "learning_rate"]
+  if required:  # dpsgd's clipping and noise, schedule_free's base optimizer
+    with pytest.raises(ValueError, match=f"needs {', '.join(required)}; pass each as --opt"):
+      optim.build_optimizer(default)
+    return
+  if not optim.takes_schedule(factory):
+    with pytest.raises(ValueError, match="pass --schedule constant"):
+      optim.build_optimizer(default)
+    default = _args(tmp_path, "--optimizer", name, "--schedule", "constant")
+  tx = optim.build_optimizer(default)
+  params = {"w": jax.ShapeDtypeStruct((8, 16), jnp.float32),
+            "b": jax.ShapeDtypeStruct((16,), jnp.float32)}
+  state = jax.eval_shape(tx.init, params)
+  plan = partitioning.memory_plan(params, state, num_devices=1)
+  assert plan.state.total_bytes == sum(
+      x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
+
+
+def test_rprop_starts_from_the_step_size_lr(tmp_path):
+  args = _args(tmp_path, "--optimizer", "rprop", "--schedule", "constant",
+               "--lr", "0.01", "--clip-norm", "0")
+  state = optim.build_optimizer(args).init({"w": jnp.ones((4,))})
+  np.testing.assert_array_equal(state[0].step_sizes["w"], np.full(4, 0.01, np.float32))

@@ -108,3 +108,17 @@ def test_single_device_arrays_count_in_full():
   x = jax.device_put(jnp.ones((6, 2)), jax.devices()[3])
   plan = memory_plan({"x": x}, num_devices=8)
   assert plan.params.per_device_bytes == 48 == math.prod(x.shape) * 4
+
+
+def test_typed_prng_keys_count_their_key_data():
+  """A state holding PRNG keys (noisy_sgd's) is planned, each key counted as
+  the bytes its key data holds on a device."""
+  mesh = make_mesh("data=2,model=4")
+  keys = jax.device_put(jax.random.split(jax.random.key(0), 8),
+                        NamedSharding(mesh, P("data")))
+  state = {"key": keys, "m": jnp.zeros((8, 16))}
+  plan = memory_plan({"w": jnp.ones((8, 16))}, state, num_devices=8)
+  key_bytes = jax.random.key_data(keys).nbytes
+  assert plan.state.total_bytes == key_bytes + 8 * 16 * 4
+  assert plan.state.per_device_bytes == max(
+      resident_bytes_per_device(keys).values()) + 8 * 16 * 4
