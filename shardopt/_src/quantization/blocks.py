@@ -246,7 +246,8 @@ def dequantize(q: BlockCodes, tile, book: codes.CodeBook, bits: int,
                dtype) -> jax.Array:
   """The values that ``quantize`` stored, in ``dtype``."""
   layout = _layout(tuple(n * t for n, t in zip(q.scales.shape, tile)), tile)
-  index = _fitted(q.codes, _packed_shape(tile, tile) if bits == 4 else tile)
+  codes_tile = _packed_shape(tile, tile) if bits == 4 else tile  # pairs halve it
+  index = _fitted(q.codes, codes_tile)
   scales = typed_layouts.laid_out_like(q.scales, index)
   if bits == 4:
     packed = _layout(q.codes.shape, tile, packed=True)
