@@ -48,18 +48,11 @@ def _shard_shape(path: str, shape: tuple[int, ...], sharding: Any) -> tuple[int,
   return tuple(out)
 
 
-def _itemsize(dtype) -> int:
-  """Bytes per element; a typed PRNG key's dtype gives its key data's."""
-  if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
-    return dtype.itemsize
-  return np.dtype(dtype).itemsize
-
-
 def leaf_device_bytes(leaf: Any, path: str = "") -> int:
   """Bytes of the largest shard of one leaf."""
   shape = tuple(np.shape(leaf))
   sharding = getattr(leaf, "sharding", None)
-  return math.prod(_shard_shape(path, shape, sharding)) * _itemsize(leaf.dtype)
+  return math.prod(_shard_shape(path, shape, sharding)) * leaf.dtype.itemsize
 
 
 def _device_count(sharding: Any) -> int | None:
@@ -85,7 +78,7 @@ class TreeMemory(NamedTuple):
 
 def _tree_memory(tree: Any, num_devices: int) -> TreeMemory:
   leaves = leaves_with_paths(tree)
-  total = sum(math.prod(np.shape(x)) * _itemsize(x.dtype) for _, x in leaves)
+  total = sum(math.prod(np.shape(x)) * x.dtype.itemsize for _, x in leaves)
   per_device = sum(leaf_device_bytes(x, path) for path, x in leaves)
   return TreeMemory(total, per_device, total / num_devices)
 

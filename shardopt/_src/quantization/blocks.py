@@ -248,7 +248,8 @@ def dequantize(q: BlockCodes, tile, book: codes.CodeBook, bits: int,
   layout = _layout(tuple(n * t for n, t in zip(q.scales.shape, tile)), tile)
   codes_tile = _packed_shape(tile, tile) if bits == 4 else tile  # pairs halve it
   index = _fitted(q.codes, codes_tile)
-  scales = typed_layouts.laid_out_like(q.scales, index)
+  scales = q.scales if index is q.codes else typed_layouts.laid_out_like(
+      q.scales, index)  # the codes' layout, where it was refitted
   if bits == 4:
     packed = _layout(q.codes.shape, tile, packed=True)
     index = _merge(codes.unpack(_split(index, packed.parts), layout.pair,
