@@ -186,6 +186,10 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("scale_by_radam"),
     Entry("scale_by_rms", {"decay": 0.9}),
     Entry("scale_by_stddev", {"decay": 0.9}),
+    # initial_scale: at step 1 the bias-corrected variance is g**2 - g**2,
+    # rounding noise that 1 / sqrt(.) turns into 7% between programs.
+    Entry("scale_by_stddev", {"decay": 0.9, "bias_correction": True,
+                              "initial_scale": 1.0}, variant="bias_correction"),
     Entry("scale_by_rss"),
     Entry("scale_by_adadelta"),
     Entry("scale_by_adan"),

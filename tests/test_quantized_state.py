@@ -235,6 +235,38 @@ def test_min_bits_must_name_a_declared_moment():
     shardopt.declare_moments(m="signed", min_bits={"m": 16})
 
 
+@pytest.mark.parametrize("lib", [shardopt, optax], ids=["shardopt", "optax"])
+@pytest.mark.parametrize("bits", [8, 4])
+def test_centered_rms_keeps_its_moments_in_float(lib, bits):
+  """Centered RMSProp divides by sqrt(nu - mu**2): with mu and nu quantized
+  (declared as Adam's, before), that difference went negative and the
+  params non-finite at step 11 (8 bits) and 2 (4 bits) on this stream.
+  Neither is declared a moment, so the quantized run is the float run."""
+  params = {"w": jax.random.normal(jax.random.key(0), (64, 128))}
+  tx = lib.rmsprop(1e-3, centered=True, momentum=0.9)
+  quantized = shardopt.quantized_state(tx, bits)
+  assert {l.path: l.stored for l in shardopt.describe_quantized_state(
+      quantized, params).leaves if l.shape == (64, 128)} == {
+          "[0].mu['w']": "float32", "[0].nu['w']": "float32",
+          "[2].trace['w']": f"companded-signed-{bits}"}
+
+  def step(tx):
+    def run(params, state, i):  # a steady pull, small noise: low variance
+      grads = {"w": 0.5 * params["w"] + 0.02 * jax.random.normal(
+          jax.random.key(i), (64, 128))}
+      updates, state = tx.update(grads, state, params)
+      return shardopt.apply_updates(params, updates), state
+    return jax.jit(run)
+
+  got, want = (params, quantized.init(params)), (params, tx.init(params))
+  quantized_step, float_step = step(quantized), step(tx)
+  for i in range(30):
+    got, want = quantized_step(*got, i), float_step(*want, i)
+  assert bool(jnp.all(jnp.isfinite(got[0]["w"])))
+  assert _relative_error(got[0]["w"] - params["w"],
+                         want[0]["w"] - params["w"]) <= {8: 0.05, 4: 0.25}[bits]
+
+
 @pytest.mark.parametrize("bits,tolerance", [(8, 0.05), (4, 0.35)])
 def test_updates_follow_optax_adam(bits, tolerance):
   params = {"w": jax.random.normal(jax.random.key(1), (64, 128))}
@@ -498,24 +530,31 @@ def _moves(init, update, entry, params, steps):
 _FLOAT_MOVES: dict = {}
 
 
-def _float_moves(entry, tx, params):
-  """The unsharded float-state moves of ``entry`` (once per entry)."""
-  if entry.label not in _FLOAT_MOVES:
-    def update(grads, state, params, **extra):
-      updates, state = tx.update(grads, state, params, **extra)
-      return shardopt.apply_updates(params, updates), state
-    jitted = jax.jit(update, static_argnames=("value_fn", "obj_fn"))
-    _FLOAT_MOVES[entry.label] = _moves(jax.jit(tx.init), jitted, entry,
-                                       params, _STEPS)
-  return _FLOAT_MOVES[entry.label]
+def _unsharded(tx):
+  """``tx``'s jitted init and step ``(grads, state, params, **extra) ->
+  (new_params, new_state)``, no mesh."""
+  def update(grads, state, params, **extra):
+    updates, state = tx.update(grads, state, params, **extra)
+    return shardopt.apply_updates(params, updates), state
+  return jax.jit(tx.init), jax.jit(update,
+                                   static_argnames=("value_fn", "obj_fn"))
 
 
-def _transformations():
+def _float_moves(entry, tx, params, lib="shardopt"):
+  """The unsharded float-state moves of ``entry`` built from ``lib`` (once
+  per entry and library)."""
+  key = (entry.label, lib)
+  if key not in _FLOAT_MOVES:
+    _FLOAT_MOVES[key] = _moves(*_unsharded(tx), entry, params, _STEPS)
+  return _FLOAT_MOVES[key]
+
+
+def _transformations(oracle_only=False):
   from tests import catalogue
   from tests.test_harness import EXCEPTIONS
   cases = []
   for e in catalogue.ENTRIES:
-    if not e.transformation:
+    if not e.transformation or (oracle_only and not e.oracle):
       continue
     for bits in (8, 4):
       raises, reason = EXCEPTIONS.get((e.label, "sharded_step"), (None, ""))
@@ -527,29 +566,55 @@ def _transformations():
   return cases
 
 
+def _assert_quantized_follows_float(entry, lib, bits, kind, names=None):
+  """``entry`` built from ``lib`` under ``quantized_state(bits)``, 5 steps
+  on the catalogue params (those in ``names``, default all), sharded with
+  ZeRO on ``kind`` axes (None: unsharded): each step's move of the params
+  within ``_TOLERANCE[bits]`` (mean relative error) of the same
+  transformation's with float state, unsharded."""
+  from tests import catalogue
+  names = _CATALOGUE_LAYOUT if names is None else names
+  tx = catalogue.build(entry, lib)
+  host = {k: v for k, v in _catalogue_params().items() if k in names}
+  quantized_tx = shardopt.quantized_state(tx, bits, min_size=_MIN_SIZE)
+  report = shardopt.describe_quantized_state(quantized_tx, host)
+  if not any(l.tile for l in report.leaves):
+    pytest.skip(f"no moment of >= {_MIN_SIZE} elements shaped like its param")
+  want = _float_moves(entry, tx, host, lib.__name__)
+  if kind is None:
+    got = _moves(*_unsharded(quantized_tx), entry, host, _STEPS)
+  else:
+    mesh = _mesh(kind=kind)
+    shardings = {k: NamedSharding(mesh, _CATALOGUE_LAYOUT[k][1]) for k in host}
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore", shardopt.ReplicatedStateWarning)
+      opt = shardopt.make_sharded_optimizer(
+          quantized_tx, host, shardings, shard_state_over="data", donate=False)
+    with jax.sharding.set_mesh(mesh):
+      got = _moves(opt.init, opt.update, entry,
+                   jax.device_put(host, shardings), _STEPS)
+  for step, (g, w) in enumerate(zip(got, want)):
+    error = _relative_error(g, w)
+    assert error <= _TOLERANCE[bits], (bits, step, error)
+
+
 @pytest.mark.parametrize("kind", ["auto", "explicit"])
 @pytest.mark.parametrize("entry,bits", _transformations())
 def test_every_optimizer_with_moments_runs_quantized(entry, bits, kind):
   """8 and 4 bits, 5 sharded steps with ZeRO: the update within 5% / 25%
   (mean relative error) of the same optimizer's with float state (whose
   sharded step equals its unsharded one: tests/test_harness.py)."""
-  from tests import catalogue
-  tx, host = catalogue.build(entry), _catalogue_params()
-  mesh = _mesh(kind=kind)
-  shardings = {k: NamedSharding(mesh, spec) for k, (_, spec) in
-               _CATALOGUE_LAYOUT.items()}
-  quantized_tx = shardopt.quantized_state(tx, bits, min_size=_MIN_SIZE)
-  report = shardopt.describe_quantized_state(quantized_tx, host)
-  if not any(l.tile for l in report.leaves):
-    pytest.skip(f"no moment of >= {_MIN_SIZE} elements shaped like its param")
-  want = _float_moves(entry, tx, host)
-  with warnings.catch_warnings():
-    warnings.simplefilter("ignore", shardopt.ReplicatedStateWarning)
-    opt = shardopt.make_sharded_optimizer(
-        quantized_tx, host, shardings, shard_state_over="data", donate=False)
-  with jax.sharding.set_mesh(mesh):
-    got = _moves(opt.init, opt.update, entry,
-                 jax.device_put(host, shardings), _STEPS)
-  for step, (g, w) in enumerate(zip(got, want)):
-    error = _relative_error(g, w)
-    assert error <= _TOLERANCE[bits], (bits, step, error)
+  _assert_quantized_follows_float(entry, shardopt, bits, kind)
+
+
+@pytest.mark.parametrize("entry,bits", _transformations(oracle_only=True))
+def test_optax_transformations_run_quantized_by_the_table(entry, bits):
+  """optax's own build of every catalogue entry, passed to
+  ``quantized_state``: its moments found by ``OPTAX_MOMENTS`` (a wrong sign
+  there, as SM3's momentum declared non-negative was, moved optax's SM3
+  27-38% off its float state at 8 bits), within the same tolerances.
+  Unsharded: the table decides which leaves are codes, the sharded step
+  places them as it does shardopt's (above). The scalar param left out:
+  optax's SM3 raises on one (tests/test_harness.py's ``EXCEPTIONS``)."""
+  _assert_quantized_follows_float(entry, optax, bits, None,
+                                  names=("w", "k", "b"))

@@ -20,12 +20,12 @@ Every leaf below a declared field (the field holds a tree shaped like the
 params) is that kind of moment. A field may also declare the fewest bits
 that keep its optimizer's update accurate (``min_bits={"m": 8}``):
 ``quantized_state`` asked for fewer stores it at that width and reports
-so. optax's own state classes, for optax
-transformations passed to shardopt's wrappers, are declared in
-``OPTAX_MOMENTS``, keyed by the class's module and qualified name; a state
-class declared nowhere has no moments. The decision depends on the state's
-classes and fields only, never on the names of the params (a param named
-``v`` is not a second moment).
+so. optax's own state classes, for optax transformations passed to
+shardopt's wrappers, are declared in ``OPTAX_MOMENTS`` (their floors in
+``OPTAX_MIN_BITS``), keyed by the class's module and qualified name; a
+state class declared nowhere has no moments. The decision depends on the
+state's classes and fields only, never on the names of the params (a param
+named ``v`` is not a second moment).
 """
 
 from collections.abc import Callable
@@ -37,10 +37,12 @@ import jax
 
 __all__ = [
     "NONNEGATIVE",
+    "OPTAX_MIN_BITS",
     "OPTAX_MOMENTS",
     "SIGNED",
     "LeafKind",
     "declare_moments",
+    "declared_min_bits",
     "declared_moments",
     "leaf_kinds",
 ]
@@ -54,18 +56,19 @@ _MIN_BITS: dict[type, Mapping[str, int]] = {}
 
 _ADAM = {"mu": SIGNED, "nu": NONNEGATIVE}
 # optax 0.2.8's state classes: "module.QualifiedName" -> {field: kind}.
+# Centered RMS (ScaleByRStdDevState) is left out as shardopt's own is (its
+# update divides by sqrt(nu - mu**2): transforms/rms.py).
 OPTAX_MOMENTS: Mapping[str, Mapping[str, str]] = {
     "optax._src.transform.ScaleByAdamState": _ADAM,
     "optax._src.transform.ScaleByAmsgradState": {**_ADAM, "nu_max": NONNEGATIVE},
     "optax._src.transform.ScaleByBeliefState": _ADAM,
     "optax._src.transform.ScaleByNovogradState": _ADAM,
-    "optax._src.transform.ScaleByRStdDevState": _ADAM,
-    "optax._src.transform.ScaleByRStdDevWithCountState": _ADAM,
     "optax._src.transform.ScaleByRmsState": {"nu": NONNEGATIVE},
     "optax._src.transform.ScaleByRmsWithCountState": {"nu": NONNEGATIVE},
     "optax._src.transform.ScaleByRssState": {"sum_of_squares": NONNEGATIVE},
     "optax._src.transform.ScaleByLionState": {"mu": SIGNED},
-    "optax._src.transform.ScaleBySM3State": _ADAM,
+    # mu: the per-axis covers (not shaped like the param); nu: the momentum.
+    "optax._src.transform.ScaleBySM3State": {"mu": NONNEGATIVE, "nu": SIGNED},
     "optax._src.transform.ScaleByAdaDeltaState": {"e_g": NONNEGATIVE,
                                                   "e_x": NONNEGATIVE},
     "optax._src.transform.ScaleByAdanState": {"m": SIGNED, "v": SIGNED,
@@ -88,6 +91,14 @@ OPTAX_MOMENTS: Mapping[str, Mapping[str, str]] = {
                                             "s": SIGNED},
     "optax.contrib._muon.MuonState": {"mu": SIGNED},
     "optax.contrib._sophia.SophiaState": {"mu": SIGNED, "nu": SIGNED},
+}
+# The same classes' floors on a moment's width (``declare_moments``'s
+# ``min_bits``): those of the shardopt classes holding the same moments.
+# optax keeps AcProp's state in AdaBelief's class, so both get AcProp's.
+OPTAX_MIN_BITS: Mapping[str, Mapping[str, int]] = {
+    "optax._src.transform.ScaleByAdaDeltaState": {"e_x": 8},
+    "optax._src.transform.ScaleByBeliefState": {"nu": 8},
+    "optax.contrib._ademamix.ScaleBySimplifiedAdEMAMixState": {"m": 8, "n": 8},
 }
 
 
@@ -130,7 +141,20 @@ def declared_moments(cls: type) -> Mapping[str, str] | None:
   the class declares none (shardopt's registry, then ``OPTAX_MOMENTS``)."""
   if cls in _DECLARED:
     return _DECLARED[cls]
-  return OPTAX_MOMENTS.get(f"{cls.__module__}.{cls.__qualname__}")
+  return OPTAX_MOMENTS.get(_optax_key(cls))
+
+
+def declared_min_bits(cls: type) -> Mapping[str, int]:
+  """The floors declared for a state class's moments (field -> bits),
+  empty where it declares none (``declare_moments``, then
+  ``OPTAX_MIN_BITS``)."""
+  if cls in _DECLARED:
+    return _MIN_BITS[cls]
+  return OPTAX_MIN_BITS.get(_optax_key(cls), {})
+
+
+def _optax_key(cls: type) -> str:
+  return f"{cls.__module__}.{cls.__qualname__}"
 
 
 class LeafKind(NamedTuple):
@@ -152,7 +176,7 @@ def _walk(node, found: LeafKind, out: list[LeafKind]) -> None:
   fields = getattr(type(node), "_fields", None)
   if isinstance(node, tuple) and fields is not None and found.kind is None:
     declared = declared_moments(type(node)) or {}
-    floors = _MIN_BITS.get(type(node), {})
+    floors = declared_min_bits(type(node))
     for name, child in zip(fields, node):
       _walk(child, LeafKind(declared.get(name),
                             f"{type(node).__name__}.{name}",
