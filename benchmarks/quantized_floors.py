@@ -31,10 +31,6 @@ OPTIMIZERS = {
     "contrib.simplified_ademamix(0.1, alpha=2)": (
         lambda: shardopt.contrib.simplified_ademamix(0.1, alpha=2.0),
         shardopt.contrib.ScaleBySimplifiedAdEMAMixState),
-    "contrib.scale_by_acprop()": (shardopt.contrib.scale_by_acprop,
-                                  shardopt.contrib.ScaleByACPropState),
-    "contrib.acprop(0.1)": (lambda: shardopt.contrib.acprop(0.1),
-                            shardopt.contrib.ScaleByACPropState),
     "scale_by_adadelta()": (shardopt.scale_by_adadelta, ScaleByAdaDeltaState),
     "adadelta(0.1)": (lambda: shardopt.adadelta(0.1), ScaleByAdaDeltaState),
 }

@@ -212,7 +212,6 @@ def test_a_declared_min_bits_keeps_its_moment_at_8_bits_and_says_so():
 
 @pytest.mark.parametrize("label,fields", [
     ("contrib.simplified_ademamix", ("m", "n")),
-    ("contrib.acprop", ("nu",)),
     ("adadelta", ("e_x",)),
 ])
 def test_moments_that_lose_accuracy_at_4_bits_declare_8(label, fields):
@@ -265,6 +264,29 @@ def test_centered_rms_keeps_its_moments_in_float(lib, bits):
   assert bool(jnp.all(jnp.isfinite(got[0]["w"])))
   assert _relative_error(got[0]["w"] - params["w"],
                          want[0]["w"] - params["w"]) <= {8: 0.05, 4: 0.25}[bits]
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_acprop_keeps_its_centred_second_moment_in_float(bits):
+  """AcProp divides the gradient by the root of the previous centred second
+  moment, which on these params fell below the 8-bit code's range for some
+  elements (their float update 3.4e4, the median 2.4): 12.9% off float
+  state at 8 and 4 bits with it quantized at 8. Kept in float, its first
+  moment quantized: within 5% / 25%."""
+  from tests import catalogue
+  entry = next(e for e in catalogue.ENTRIES
+               if e.label == "contrib.scale_by_acprop")
+  tx = catalogue.build(entry)
+  quantized = shardopt.quantized_state(tx, bits)
+  params = _host_params()
+  stored = {l.path: l.stored for l in shardopt.describe_quantized_state(
+      quantized, params).leaves}
+  assert stored[".mu['wi']"] == f"companded-signed-{bits}"
+  assert stored[".nu['wi']"] == "float32"
+  want = _moves(*_unsharded(tx), entry, params, _STEPS)
+  got = _moves(*_unsharded(quantized), entry, params, _STEPS)
+  for step, (g, w) in enumerate(zip(got, want)):
+    assert _relative_error(g, w) <= _TOLERANCE[bits], step
 
 
 @pytest.mark.parametrize("code", ["companded", "dynamic"])

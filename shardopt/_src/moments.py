@@ -94,7 +94,9 @@ OPTAX_MOMENTS: Mapping[str, Mapping[str, str]] = {
 }
 # The same classes' floors on a moment's width (``declare_moments``'s
 # ``min_bits``): those of the shardopt classes holding the same moments.
-# optax keeps AcProp's state in AdaBelief's class, so both get AcProp's.
+# optax keeps AcProp's state in AdaBelief's class: its nu at 8 bits at least
+# (AcProp's at 4 bits moved 27.8% off float state; shardopt's AcProp keeps
+# nu in float, contrib/_acprop.py).
 OPTAX_MIN_BITS: Mapping[str, Mapping[str, int]] = {
     "optax._src.transform.ScaleByAdaDeltaState": {"e_x": 8},
     "optax._src.transform.ScaleByBeliefState": {"nu": 8},
