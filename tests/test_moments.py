@@ -45,7 +45,7 @@ def _node_classes(node) -> set[str]:
   found = set()
   if isinstance(node, tuple) and hasattr(type(node), "_fields"):
     found.add(f"{type(node).__module__}.{type(node).__qualname__}")
-  children = jax.tree.leaves(node, is_leaf=lambda child: child is not node)
+  children = moments._children(node)  # the walk leaf_kinds makes
   if len(children) == 1 and children[0] is node:
     return found
   return found.union(*map(_node_classes, children))
