@@ -53,24 +53,35 @@ def _params(fn) -> dict:
 
 
 def _takes_int(param) -> bool:
-  """The parameter's default is an int, or its annotation is ``int`` (or
-  ``int | None``)."""
+  """The parameter is an integer: its annotation names ``int`` and no other
+  type but None (``int``, ``int | None``), or, unannotated, its default is
+  an int. (``b1: float | int | Array`` takes a float.)"""
+  annotation = param.annotation
+  if annotation is not inspect.Parameter.empty:
+    kinds = typing.get_args(annotation) or (annotation,)
+    return [kind for kind in kinds if kind is not type(None)] == [int]
   default = param.default
-  if isinstance(default, int) and not isinstance(default, bool):
-    return True
-  return param.annotation is int or int in typing.get_args(param.annotation)
+  return isinstance(default, int) and not isinstance(default, bool)
 
 
 JOB_SETS = {"learning_rate": "--lr and --schedule"}  # keywords the job passes itself
 
 
-def _as_default_type(name: str, value, param, optimizer: str):
+def _spelled(name: str, value, args: argparse.Namespace) -> str:
+  """How the user gave ``name``: ``--b1 0.8`` or ``--opt b1=0.8``."""
+  if name in HYPERPARAMETER_FLAGS and getattr(args, name) is not None:
+    return f"--{name.replace('_', '-')} {value:g}"
+  return f"--opt {name}={value:g}"
+
+
+def _as_default_type(name: str, value, param, args: argparse.Namespace):
   """``--opt block_size=16`` parses as 16.0: an int where the keyword takes one (a fraction
   there is an error)."""
   if param is None or not _takes_int(param):
     return value
   if not float(value).is_integer():
-    raise ValueError(f"--opt {name}={value:g}: {optimizer}'s {name} takes an integer")
+    raise ValueError(f"{_spelled(name, value, args)}: {args.optimizer}'s {name} takes an"
+                     " integer")
   return int(value)
 
 
@@ -85,7 +96,7 @@ def optimizer_kwargs(args: argparse.Namespace, factory) -> dict:
       raise ValueError(f"--opt {key}={value:g}: {key} is given twice (also by {flag})")
     given[key] = value
   accepted = _params(factory)
-  given = {k: _as_default_type(k, v, accepted.get(k), args.optimizer) for k, v in given.items()}
+  given = {k: _as_default_type(k, v, accepted.get(k), args) for k, v in given.items()}
   unknown = sorted(set(given) - set(accepted))
   if unknown:
     raise ValueError(

@@ -134,6 +134,19 @@ def test_takes_a_stateful_schedule_as_optax_does():
   np.testing.assert_allclose(ours_state.hyperparams_states["step_size"].total, 0.6, rtol=1e-6)
 
 
+def test_a_dtype_class_is_passed_to_the_factory_not_called_as_a_schedule():
+  """optax 0.2.8 wraps ``jnp.bfloat16`` (a class, so callable) as a schedule
+  and its init fails; a dtype given as a string works in both."""
+  params = {"w": jnp.linspace(-1.0, 1.0, 12).reshape(3, 4)}
+  for dtype in (jnp.bfloat16, "bfloat16"):
+    tx = shardopt.inject_hyperparams(shardopt.adamw)(learning_rate=0.1, mu_dtype=dtype)
+    assert "mu_dtype" not in tx.init(params).hyperparams
+  ours = shardopt.inject_hyperparams(shardopt.adamw)(learning_rate=0.1, mu_dtype=jnp.bfloat16)
+  theirs = optax.inject_hyperparams(optax.adamw)(learning_rate=0.1, mu_dtype="bfloat16")
+  oracle.assert_matches_optax(ours, theirs, steps=5, jit=True)
+  assert ours.init(params).inner_state[0].mu["w"].dtype == jnp.bfloat16
+
+
 def test_inject_stateful_hyperparams_is_a_deprecated_alias():
   with pytest.warns(DeprecationWarning, match="use inject_hyperparams"):
     factory = shardopt.inject_stateful_hyperparams(shardopt.sgd)

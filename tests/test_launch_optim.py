@@ -36,6 +36,44 @@ def test_integer_keywords_stay_integers(tmp_path):
   assert kwargs == {"state_bits": 8} and type(kwargs["state_bits"]) is int
 
 
+def _fraction_keywords(factory):
+  """The keywords of ``factory`` whose default is a float (b1, momentum, eps, decay_rate...)."""
+  return [k for k, p in inspect.signature(factory).parameters.items()
+          if isinstance(p.default, float)]
+
+
+@pytest.mark.parametrize("name", ["adamw", "adafactor", "lion", "rmsprop", "muon", "shampoo"])
+def test_fractions_pass_as_given(tmp_path, name):
+  """Every keyword defaulting to a float takes a fraction, by its flag or by --opt (b1's
+  annotation also names int: it is not an integer keyword)."""
+  factory = optim._alias(name)
+  keywords = _fraction_keywords(factory)
+  assert keywords
+  argv = []
+  for k in keywords:
+    argv += ([f"--{k.replace('_', '-')}", "0.375"] if k in optim.HYPERPARAMETER_FLAGS
+             else ["--opt", f"{k}=0.375"])
+  kwargs = optim.optimizer_kwargs(_args(tmp_path, "--optimizer", name, *argv), factory)
+  assert kwargs == {k: 0.375 for k in keywords}
+
+
+def test_momentum_flag_reaches_sgd(tmp_path):
+  args = _args(tmp_path, "--optimizer", "sgd", "--momentum", "0.9", "--schedule", "constant",
+               "--clip-norm", "0",
+               "--lr", "0.1")
+  tx = optim.build_optimizer(args)
+  params = {"w": jnp.ones(3)}
+  updates, state = tx.update({"w": jnp.ones(3)}, tx.init(params), params)
+  updates, _ = tx.update({"w": jnp.ones(3)}, state, params)
+  np.testing.assert_allclose(updates["w"], -0.1 * 1.9, rtol=1e-6)  # trace 1 + 0.9
+
+
+def test_a_fraction_for_an_integer_names_the_flag_given(tmp_path):
+  args = _args(tmp_path, "--optimizer", "shampoo", "--opt", "block_size=16.5")
+  with pytest.raises(ValueError, match=r"^--opt block_size=16.5: shampoo's block_size takes an"):
+    optim.optimizer_kwargs(args, shardopt.contrib.shampoo)
+
+
 def test_unknown_name_points_to_contrib():
   with pytest.raises(ValueError, match="shardopt.contrib"):
     optim._alias("no_such_optimizer")

@@ -376,6 +376,27 @@ def test_bad_arguments_say_what_to_do():
     shardopt.describe_quantized_state(shardopt.adam(0.1), {})
 
 
+def test_bits_as_an_array_names_static_args_and_static_bits_work():
+  """``inject_hyperparams`` turns a number into an array unless it is named
+  in ``static_args`` (as optax's); the state's width cannot be one."""
+  params = {"w": jnp.linspace(-1.0, 1.0, 64 * 128).reshape(64, 128)}
+  injected = shardopt.inject_hyperparams(shardopt.adamw)
+  with pytest.raises(TypeError, match=r"bits must be a Python int.*static_args"):
+    injected(learning_rate=0.1, state_bits=8).init(params)
+  with pytest.raises(TypeError, match="block_size must be a Python int"):
+    shardopt.quantized_state(shardopt.adam(0.1), block_size=jnp.asarray(64))
+  tx = shardopt.inject_hyperparams(shardopt.adamw, static_args=("state_bits",))(
+      learning_rate=0.1, state_bits=np.int64(4))
+  want_tx = shardopt.adamw(0.1, state_bits=4)
+  state, want_state = tx.init(params), want_tx.init(params)
+  assert isinstance(state.inner_state[0].mu["w"], shardopt.QuantizedArray)
+  for _ in range(3):
+    updates, state = jax.jit(tx.update)(params, state, params)
+    want, want_state = jax.jit(want_tx.update)(params, want_state, params)
+    # Hyperparameters read from the state round differently from constants.
+    np.testing.assert_allclose(updates["w"], want["w"], rtol=1e-4)
+
+
 # --- the sharded step ---------------------------------------------------------
 
 def _collectives(compiled_text) -> collections.Counter:

@@ -109,10 +109,12 @@ def _as_hyperparam(value, dtype):
 
 def _split_arguments(bound: inspect.BoundArguments, static_args: set[str]):
   """Sorts the factory's arguments into schedules (stateful, or plain ones
-  wrapped), numbers (arrays and PRNG keys included) and the rest."""
+  wrapped), numbers (arrays and PRNG keys included) and the rest. A class
+  is passed as it is, never called as a schedule: ``mu_dtype=jnp.bfloat16``
+  is a dtype (optax 0.2.8 wraps it as a schedule and fails)."""
   schedules, numbers, others = {}, {}, {}
   for name, value in bound.arguments.items():
-    if name in static_args or isinstance(value, bool):
+    if name in static_args or isinstance(value, (bool, type)):
       others[name] = value
     elif isinstance(value, base.StatefulSchedule):
       schedules[name] = value

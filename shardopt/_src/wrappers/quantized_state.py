@@ -19,6 +19,7 @@ Which param a moment belongs to comes from the stand-in trace of
 
 import contextlib
 import contextvars
+import numbers
 from typing import Any
 from typing import NamedTuple
 
@@ -255,6 +256,9 @@ def quantized_state(
     Renard & Blalock, "FlashOptim: Optimizers for Memory Efficient
     Training", 2026 (https://arxiv.org/abs/2602.23349).
   """
+  bits, block_size, min_size = (
+      _python_int(name, value) for name, value in (
+          ("bits", bits), ("block_size", block_size), ("min_size", min_size)))
   if bits not in (8, 4):
     raise ValueError(f"quantized_state: bits={bits}; expected 8 or 4.")
   block_size = block_size or _DEFAULT_BLOCK_SIZE[bits]
@@ -268,6 +272,22 @@ def quantized_state(
                      f"{codes.CODES}.")
   quantizer = _Quantizer(inner, bits, block_size, min_size, code)
   return base.GradientTransformationExtraArgs(quantizer.init, quantizer.update)
+
+
+def _python_int(name: str, value) -> int | None:
+  """``value`` (None allowed) as a Python ``int``: it sets the state's
+  structure, so it cannot be an array (e.g. one ``inject_hyperparams`` made
+  of a number it was given)."""
+  if value is None:
+    return None
+  if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+    return int(value)
+  raise TypeError(
+      f"quantized_state: {name} must be a Python int, got"
+      f" {type(value).__name__} {value!r}: it fixes the state's layout and"
+      " cannot change between steps. Under inject_hyperparams, name it in"
+      " static_args, e.g. inject_hyperparams(adamw,"
+      " static_args=('state_bits',)).")
 
 
 @contextlib.contextmanager
