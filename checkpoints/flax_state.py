@@ -72,9 +72,11 @@ def nnx_tx(tx) -> shardopt.GradientTransformationExtraArgs:
   ``nnx.Optimizer`` calls ``tx.init(nnx.state(model, wrt))``. A state built by mapping
   over those params puts each param's statistics in a copy of its ``nnx.Variable``, and
   a Variable holding a tree instead of an array (8-bit codes and scales, Shampoo's and
-  SOAP's blocks, SM3's covers) becomes a plain mapping at the first ``update``, which then
-  fails. Traced on the arrays, every state array gets its own Variable and is updated in
-  place. ``create_nnx_optimizer`` applies it.
+  SOAP's blocks, SM3's covers) comes back from the first ``update`` as a plain mapping
+  (the transformations read either, ``shardopt/_src/state_structure.py``). Traced on the
+  arrays, every state array gets its own Variable and the state keeps one structure from
+  the start, the one ``nnx_checkpoint_state`` saves and a restore fills.
+  ``create_nnx_optimizer`` applies it.
   """
   tx = shardopt.with_extra_args_support(tx)
   return shardopt.GradientTransformationExtraArgs(lambda params: tx.init(nnx.as_pure(params)),

@@ -121,11 +121,13 @@ def _functional_losses(tx, steps):
     lambda: shardopt.contrib.soap(0.05),
     lambda: shardopt.sm3(0.05),
 ], ids=["adamw-8bit", "adam-4bit", "shampoo", "soap", "sm3"])
-def test_nnx_optimizer_with_per_param_state_trees(make_tx):
+@pytest.mark.parametrize("adapt", [lambda tx: tx, checkpoints.nnx_tx],
+                         ids=["plain", "nnx_tx"])
+def test_nnx_optimizer_with_per_param_state_trees(make_tx, adapt):
   """State with a tree per param (quantized codes and scales, Shampoo's and
-  SOAP's blocks, SM3's covers) through nnx.Optimizer with
+  SOAP's blocks, SM3's covers) through nnx.Optimizer, given plainly or with
   checkpoints.nnx_tx: 6 steps, the losses of the same tx on the pure arrays."""
-  got = _nnx_losses(checkpoints.nnx_tx(make_tx()), steps=6)
+  got = _nnx_losses(adapt(make_tx()), steps=6)
   want = _functional_losses(make_tx(), steps=6)
   np.testing.assert_allclose(got, want, rtol=1e-6)
   assert got[-1] < got[0]

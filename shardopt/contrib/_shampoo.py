@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from shardopt._src import base
 from shardopt._src import numerics
+from shardopt._src import state_structure
 from shardopt._src.transforms import scaling
 from shardopt._src.transforms import weight_decay as weight_decay_lib
 from shardopt._src.wrappers import combine
@@ -188,6 +189,7 @@ def scale_by_shampoo(
       direction = mu
     return direction, stats, preconditioners, acc, mu
 
+  @state_structure.conforming(init_fn)
   def update_fn(updates, state, params=None):
     del params
     count = numerics.safe_increment(state.count)

@@ -30,6 +30,7 @@ import numpy as np
 
 from shardopt._src import base
 from shardopt._src import numerics
+from shardopt._src import state_structure
 from shardopt._src.transforms import scaling
 from shardopt._src.transforms import weight_decay as weight_decay_lib
 from shardopt._src.wrappers import combine
@@ -197,6 +198,7 @@ def scale_by_soap(
         lambda: (bases, nu))
     return direction, mu, nu, stats, bases
 
+  @state_structure.conforming(init_fn)
   def update_fn(updates, state, params=None):
     del params
     count = numerics.safe_increment(state.count)

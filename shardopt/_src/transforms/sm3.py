@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from shardopt._src import base
 from shardopt._src import moments
+from shardopt._src import state_structure
 from shardopt._src import tree_math
 
 __all__ = [
@@ -123,6 +124,7 @@ def scale_by_sm3(
         accumulator > 0, jax.lax.rsqrt(accumulator + eps), 0.0)
     return grad * inv_sqrt
 
+  @state_structure.conforming(init_fn)
   def update_fn(updates, state, params=None):
     del params
     accumulators = jax.tree.map(accumulate, updates, state.mu)

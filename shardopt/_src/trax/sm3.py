@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from shardopt._src import base
 from shardopt._src import moments
 from shardopt._src import numerics
+from shardopt._src import state_structure
 
 __all__ = [
     "MomentumType",
@@ -126,6 +127,7 @@ def trax_sm3(
       return momentum * m + pg, m
     return m, m
 
+  @state_structure.conforming(init_fn)
   def update_fn(updates, state, params=None):
     if weight_decay and params is None:
       raise ValueError("trax_sm3 with weight_decay needs params")

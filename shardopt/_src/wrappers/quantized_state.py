@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from shardopt._src import base
 from shardopt._src import moments
 from shardopt._src import ownership
+from shardopt._src import state_structure
 from shardopt._src import typed_layouts
 from shardopt._src.quantization import blocks
 from shardopt._src.quantization import codes
@@ -107,7 +108,7 @@ class _Quantizer:
       if not _is_float(leaf) or not leaf.shape:
         decisions.append(None)
         continue
-      signed = kind.kind != moments.NONNEGATIVE
+      signed, bits = self._code(kind)
       if kind.kind is None:
         reason = f"not a declared moment ({kind.field or 'no state class'})"
       elif owner is None or tuple(leaf.shape) != param_shapes[owner]:
@@ -116,13 +117,44 @@ class _Quantizer:
         reason = f"{leaf.size} elements < min_size={self.min_size}"
       else:
         tile, reason = self._tile(leaf)
-        bits = max(self.bits, kind.min_bits)
         if tile is not None and bits > self.bits:
           reason = f"{bits} bits: {kind.field} declares min_bits={bits}"
         decisions.append(_Decision(tile, signed, reason, bits))
         continue
       decisions.append(_Decision(None, signed, reason, self.bits))
     return decisions
+
+  def _code(self, kind: moments.LeafKind) -> tuple[bool, int]:
+    """A declared moment's code: signed (else non-negative) and its width,
+    at least the ``min_bits`` it declares."""
+    return kind.kind != moments.NONNEGATIVE, max(self.bits, kind.min_bits)
+
+  def _conformed(self, state, template):
+    """``state`` as this wrapper stores it where a holder of the state
+    rebuilt its ``QuantizedArray``s as mappings of their codes and scales
+    (``state_structure``: flax's ``nnx.Optimizer``), each one's metadata
+    from the moment it stores; ``state`` itself otherwise."""
+    is_leaf = qa.is_quantized
+    if (jax.tree.structure(state, is_leaf=is_leaf)
+        == jax.tree.structure(template, is_leaf=is_leaf)):
+      return state
+    stored = state_structure.leaves_by_path(state)
+    paths = [state_structure.path_names(path) for path, _ in
+             jax.tree_util.tree_flatten_with_path(template)[0]]
+    kinds = dict(zip(paths, moments.leaf_kinds(template)))
+
+    def as_stored(path, leaf):
+      key = state_structure.path_names(path)
+      if is_leaf(leaf) or key + ("codes",) not in stored:
+        return leaf
+      signed, bits = self._code(kinds[key])
+      return qa.QuantizedArray(stored[key + ("codes",)],
+                               stored[key + ("scales",)], tuple(leaf.shape),
+                               bits, signed, self.code)
+
+    like = jax.tree_util.tree_map_with_path(as_stored, template,
+                                            is_leaf=is_leaf)
+    return state_structure.conform(state, like)
 
   def init(self, params):
     state = self.inner.init(params)
@@ -146,6 +178,7 @@ class _Quantizer:
     # Decodes (and encodes back) the leaves this wrapper quantized: float in
     # ``inner``'s own state; an inner quantized_state's stay as they are.
     template = jax.eval_shape(self.inner.init, updates)
+    state = self._conformed(state, template)
     float_state = jax.tree.map(
         lambda x, t: qa.decode(x, t.dtype) if _ours(x, t) else x,
         state, template, is_leaf=qa.is_quantized)
