@@ -33,7 +33,22 @@ def _resumed_run(given: dict) -> dict:
   checkpoint_dir = given.get("checkpoint_dir") or os.path.join(
       given.get("out") or found["out"], "checkpoints")
   saved = run_config.saved_config(checkpoint_dir)
+  if saved:
+    _refuse_changes(saved[0], given, f"{checkpoint_dir} (step {saved[1]})")
   return {**(run_config.inherited(saved[0]) if saved else {}), **found}
+
+
+def _refuse_changes(saved: dict, given: dict, where: str) -> None:
+  """Raises UsageError when a flag given again differs from the run's where
+  it defines the run (``run_config.compare``), before the flags are merged
+  and checked together: a changed --param-dtype is reported as itself, not
+  as the saved --correction-bits it no longer fits. The restore compares all
+  flags again (``resume.check_config``)."""
+  again = run_config.flags_of(argparse.Namespace(
+      **{k: v for k, v in given.items() if k in saved}))
+  refused, _ = run_config.compare(saved, again)
+  if refused:
+    raise cli.UsageError(run_config.describe_changes(refused, where))
 
 
 def resolve(argv=None) -> argparse.Namespace:

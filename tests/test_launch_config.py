@@ -116,6 +116,25 @@ def test_default_runs_are_within_2_percent_of_the_benchmark_bests():
     assert float(loss) <= 1.02 * float(best), optimizer
 
 
+@pytest.mark.slow
+def test_a_changed_flag_is_refused_as_itself_before_the_flags_are_merged(tmp_path, capsys):
+  """bfloat16 params saved --correction-bits 8; resuming with --param-dtype float32 names
+  --param-dtype (the merged flags would fail on the saved --correction-bits, which the user
+  never gave), and leaves the run's checkpoints as they were."""
+  out = tmp_path / "run"
+  first = [*h.TINY, "--cpu-devices", "0", "--out", str(out), "--param-dtype", "bfloat16",
+           "--steps", "2", "--eval-every", "0"]
+  assert train.main(first) == 0
+  before = sorted(p.name for p in (out / "checkpoints").iterdir())
+  capsys.readouterr()
+  again = ["--cpu-devices", "0", "--out", str(out), "--resume", "--steps", "4"]
+  assert train.main([*again, "--param-dtype", "float32"]) == 2
+  error = capsys.readouterr().err
+  assert error.count("\n") == 1 and error.startswith("error: --resume: the flags differ")
+  assert "--param-dtype bfloat16 -> float32" in error and "correction" not in error
+  assert sorted(p.name for p in (out / "checkpoints").iterdir()) == before
+
+
 def test_a_saved_default_warmup_is_not_refused_on_resume(tmp_path):
   """A run made with --steps 6 keeps the default --warmup-steps 20 (shortened
   to the horizon); its saved flags hold 20, and a resume that gives none of
