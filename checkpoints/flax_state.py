@@ -62,7 +62,7 @@ def _constrain_leaves(tree, shardings: list, what: str):
   leaves, treedef = jax.tree.flatten(tree)
   if len(leaves) != len(shardings):
     raise ValueError(f"{what}: {len(shardings)} shardings for {len(leaves)} state leaves; derive them for this tx.")
-  leaves = [jax.lax.with_sharding_constraint(x, s) for x, s in zip(leaves, shardings)]
+  leaves = [shardopt.sharding.in_layout(x, s) for x, s in zip(leaves, shardings)]  # Auto or Explicit
   return jax.tree.unflatten(treedef, leaves)
 
 
@@ -110,7 +110,8 @@ def create_nnx_optimizer(model_fn: Callable[[], nnx.Module], tx, param_shardings
     nnx.update(optimizer, _constrain_leaves(opt_state, shardings, "optimizer state"))
     return model, optimizer
 
-  return init()
+  with jax.set_mesh(replicated.mesh):  # an Explicit mesh's layouts need it while tracing
+    return init()
 
 
 def nnx_checkpoint_state(model: nnx.Module, optimizer: nnx.Optimizer) -> dict:

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -14,8 +15,8 @@ import shardopt
 SPECS = {"kernel": P("a", "b"), "bias": P("b")}
 
 
-def _mesh(shape):
-  return partitioning.make_mesh({"a": shape[0], "b": shape[1]})
+def _mesh(shape, axis_types="auto"):
+  return partitioning.make_mesh({"a": shape[0], "b": shape[1]}, axis_types=axis_types)
 
 
 class _Model(nnx.Module):
@@ -45,8 +46,9 @@ def _train(model, optimizer, steps):
   return [float(step(model, optimizer, jnp.ones((4, 16)) * (i + 1))) for i in range(steps)]
 
 
-def test_train_state_created_directly_sharded():
-  mesh = _mesh((2, 4))
+@pytest.mark.parametrize("axis_types", ["auto", "explicit"])
+def test_train_state_created_directly_sharded(axis_types):
+  mesh = _mesh((2, 4), axis_types)
   params = {"w": jnp.zeros((16, 8)), "b": jnp.zeros(8)}
   shardings = {"w": NamedSharding(mesh, P("a", "b")), "b": NamedSharding(mesh, P("b"))}
   state = ck.create_train_state(None, lambda: jax.tree.map(jnp.ones_like, params), optax.adam(1e-3), shardings)
@@ -56,9 +58,12 @@ def test_train_state_created_directly_sharded():
   assert {s.data.shape for s in state.opt_state[0].mu["w"].addressable_shards} == {(8, 2)}
 
 
-def test_nnx_optimizer_sharded_save_restore_and_continue(tmp_path):
+@pytest.mark.parametrize("axis_types", ["auto", "explicit"])
+def test_nnx_optimizer_sharded_save_restore_and_continue(tmp_path, axis_types):
+  """On Auto and on Explicit axes (jax.make_mesh's default), where the state is laid out
+  by resharding rather than by a constraint."""
   tx = optax.adam(1e-2)
-  model, optimizer = _nnx(_mesh((2, 4)), tx)
+  model, optimizer = _nnx(_mesh((2, 4), axis_types), tx)
   assert model.dense.kernel.get_value().sharding.spec == P("a", "b")
   assert optimizer.opt_state[0].mu["dense"]["kernel"].get_value().sharding.spec == P("a", "b")
   _train(model, optimizer, 2)
@@ -66,13 +71,14 @@ def test_nnx_optimizer_sharded_save_restore_and_continue(tmp_path):
     mngr.save(2, ck.nnx_checkpoint_state(model, optimizer))
   expected = _train(model, optimizer, 2)
 
-  new_model, new_optimizer = _nnx(_mesh((4, 2)), tx)  # fresh values, other mesh
+  new_model, new_optimizer = _nnx(_mesh((4, 2), axis_types), tx)  # fresh values, other mesh
   with ck.CheckpointManager(tmp_path) as mngr:
     restored = mngr.restore(ck.nnx_checkpoint_state(new_model, new_optimizer))
   assert isinstance(restored.state["optimizer"], nnx.State)
   ck.nnx_load_state(new_model, new_optimizer, restored.state)
   assert int(new_optimizer.step.get_value()) == 2
-  assert new_model.dense.kernel.get_value().sharding == NamedSharding(_mesh((4, 2)), P("a", "b"))
+  assert new_model.dense.kernel.get_value().sharding == NamedSharding(
+      _mesh((4, 2), axis_types), P("a", "b"))
   np.testing.assert_allclose(_train(new_model, new_optimizer, 2), expected, rtol=1e-6)
 
 
