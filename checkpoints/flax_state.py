@@ -17,6 +17,7 @@ from flax.training import train_state
 from jax.sharding import NamedSharding, PartitionSpec
 
 import shardopt
+from checkpoints import layout
 
 __all__ = ["create_nnx_optimizer", "create_train_state", "nnx_checkpoint_state", "nnx_load_state",
            "nnx_tx"]
@@ -119,11 +120,44 @@ def nnx_checkpoint_state(model: nnx.Module, optimizer: nnx.Optimizer) -> dict:
 
   Restore into the same form built from a freshly created model and
   optimizer (or its ``nnx.eval_shape``), then ``nnx_load_state`` it back.
+  Quantized optimizer state (kept whole by ``nnx_tx``) stays
+  ``shardopt.QuantizedArray``s of its codes and scales, which ``nnx.state``
+  would make plain mappings: restored onto a mesh with other blocks, they
+  are re-tiled (``checkpoints/retile.py``).
   """
-  return {"model": nnx.state(model), "optimizer": nnx.state(optimizer)}
+  flat = jax.tree_util.tree_flatten_with_path(optimizer.opt_state, is_leaf=_is_quantized)[0]
+  quantized = {layout.leaf_name(("opt_state", *path)): node for path, node in flat
+               if _is_quantized(node)}
+  return {"model": nnx.state(model),
+          "optimizer": _with_quantized(nnx.state(optimizer), (), quantized)}
+
+
+def _is_quantized(x) -> bool:
+  return isinstance(x, shardopt.QuantizedArray)
+
+
+def _with_quantized(node, path: tuple, quantized: dict):
+  """``node`` (an ``nnx.State`` at ``path``) with the mapping at each leaf name of
+  ``quantized`` replaced by a ``QuantizedArray`` of its codes' and scales' values."""
+  like = quantized.get(layout.leaf_name(path))
+  if like is not None:
+    return shardopt.QuantizedArray(node["codes"].get_value(), node["scales"].get_value(),
+                                   like.shape, like.bits, like.signed, like.code)
+  if isinstance(node, nnx.State):
+    return nnx.State({k: _with_quantized(v, path + (k,), quantized) for k, v in node.items()})
+  return node
+
+
+def _quantized_as_mappings(node):
+  """Inverse of ``_with_quantized``: what ``nnx.update`` takes."""
+  if _is_quantized(node):
+    return nnx.State({"codes": node.codes, "scales": node.scales})
+  if isinstance(node, nnx.State):
+    return nnx.State({k: _quantized_as_mappings(v) for k, v in node.items()})
+  return node
 
 
 def nnx_load_state(model: nnx.Module, optimizer: nnx.Optimizer, state: dict) -> None:
   """Puts a restored ``nnx_checkpoint_state`` tree into ``model`` and ``optimizer`` in place."""
   nnx.update(model, state["model"])
-  nnx.update(optimizer, state["optimizer"])
+  nnx.update(optimizer, _quantized_as_mappings(state["optimizer"]))

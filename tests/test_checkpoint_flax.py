@@ -117,3 +117,68 @@ def test_train_state_with_8bit_state_has_the_derived_blocks():
   assert isinstance(mu, shardopt.QuantizedArray) and mu.tile == (8, 2, 16)
   for leaf, sharding in zip(jax.tree.leaves(state.opt_state), jax.tree.leaves(derived)):
     assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim)
+
+
+class _WideModel(nnx.Module):
+  """A kernel of 16,384 elements: above quantized_state's min_size."""
+
+  def __init__(self, rngs):
+    self.dense = nnx.Linear(256, 64, rngs=rngs)
+
+  def __call__(self, x):
+    return self.dense(x)
+
+
+def _quantized_decoded(optimizer) -> list:
+  state = nnx.as_pure(optimizer.opt_state)
+  return [np.asarray(q.decode()) for q in jax.tree.leaves(state, is_leaf=_is_q) if _is_q(q)]
+
+
+def _is_q(x) -> bool:
+  return isinstance(x, shardopt.QuantizedArray)
+
+
+# One quantization step at its coarsest: the companded code's 1/L of the largest value, the
+# minifloat's share of a value (8 bits: 1/16; 4 bits, powers of two: 1/3) above its smallest.
+_STEP = {8: dict(signed=1 / 127, rtol=1 / 16, floor=2.0 ** -31),
+         4: dict(signed=1 / 7, rtol=1 / 3 + 1e-6, floor=2.0 ** -15)}
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("axis_types", ["auto", "explicit"])
+def test_nnx_quantized_state_restores_onto_a_mesh_with_other_blocks(tmp_path, axis_types, bits):
+  """Moments saved on (2, 4) (kernel shards (128, 16)) restored on (4, 2) (shards
+  (64, 32)): the blocks differ, so they are re-tiled, listed, each decoded value within one
+  quantization step of the saved one, and training continues."""
+  step_of = _STEP[bits]
+  tx = shardopt.adamw(1e-2, state_bits=bits)
+  shardings = lambda mesh: {"dense": {k: NamedSharding(mesh, s) for k, s in SPECS.items()}}
+  make = lambda mesh: ck.create_nnx_optimizer(lambda: _WideModel(nnx.Rngs(0)), tx, shardings(mesh))
+  x = jnp.linspace(-1.0, 1.0, 4 * 256).reshape(4, 256)
+
+  @nnx.jit
+  def step(model, optimizer):
+    loss, grads = nnx.value_and_grad(lambda m: jnp.mean((m(x) - 1.0) ** 2))(model)
+    optimizer.update(model, grads)
+    return loss
+
+  model, optimizer = make(_mesh((2, 4), axis_types))
+  for _ in range(2):
+    step(model, optimizer)
+  saved = _quantized_decoded(optimizer)
+  assert len(saved) == 2  # the kernel's mu and nu
+  with ck.CheckpointManager(tmp_path) as mngr:
+    mngr.save(2, ck.nnx_checkpoint_state(model, optimizer))
+  new_model, new_optimizer = make(_mesh((4, 2), axis_types))
+  with ck.CheckpointManager(tmp_path) as mngr:
+    restored = mngr.restore(ck.nnx_checkpoint_state(new_model, new_optimizer))
+  assert sorted(restored.retiled) == ["optimizer.opt_state.0.mu.dense.kernel",
+                                      "optimizer.opt_state.0.nu.dense.kernel"]
+  ck.nnx_load_state(new_model, new_optimizer, restored.state)
+  mu, nu = _quantized_decoded(new_optimizer)
+  np.testing.assert_allclose(mu, saved[0], atol=np.max(np.abs(saved[0])) * step_of["signed"])
+  np.testing.assert_allclose(nu, saved[1], rtol=step_of["rtol"],
+                             atol=np.max(saved[1]) * step_of["floor"])
+  np.testing.assert_array_equal(np.asarray(new_model.dense.kernel.get_value()),
+                                np.asarray(model.dense.kernel.get_value()))
+  assert np.isfinite(float(step(new_model, new_optimizer)))
