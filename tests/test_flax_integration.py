@@ -6,23 +6,16 @@ import numpy as np
 import optax
 import pytest
 from flax import linen as nn
-from flax import nnx
 from flax.training import train_state
 
 import checkpoints
 import shardopt
+from tests import nnx_training
 
 STEPS = 20
 # Decay the kernels only: the mask goes through shardopt.masked on Flax trees.
 ADAMW = dict(learning_rate=0.05, weight_decay=0.01,
              mask=lambda params: jax.tree.map(lambda p: p.ndim > 1, params))
-
-
-def _batch():
-  kx, ky = jax.random.split(jax.random.PRNGKey(0))
-  x = jax.random.normal(kx, (16, 4))
-  return x, jnp.sin(x.sum(axis=1, keepdims=True)) + 0.1 * jax.random.normal(
-      ky, (16, 1))
 
 
 class LinenMLP(nn.Module):
@@ -34,7 +27,7 @@ class LinenMLP(nn.Module):
 
 def _linen_losses(tx):
   model = LinenMLP()
-  x, y = _batch()
+  x, y = nnx_training.batch()
   state = train_state.TrainState.create(
       apply_fn=model.apply, params=model.init(jax.random.PRNGKey(1), x),
       tx=tx)
@@ -60,58 +53,11 @@ def test_linen_train_state_matches_optax():
   assert int(state.opt_state[0].count) == STEPS
 
 
-class NnxMLP(nnx.Module):
-
-  def __init__(self, rngs):
-    self.hidden = nnx.Linear(4, 8, rngs=rngs)
-    self.out = nnx.Linear(8, 1, rngs=rngs)
-
-  def __call__(self, x):
-    return self.out(jnp.tanh(self.hidden(x)))
-
-
-def _nnx_losses(tx, steps=STEPS):
-  model = NnxMLP(nnx.Rngs(1))
-  optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
-  x, y = _batch()
-
-  @nnx.jit
-  def step(model, optimizer):
-    loss_fn = lambda m: jnp.mean((m(x) - y) ** 2)
-    loss, grads = nnx.value_and_grad(loss_fn)(model)
-    optimizer.update(model, grads)
-    return loss
-
-  return np.array([float(step(model, optimizer)) for _ in range(steps)])
-
-
 def test_nnx_optimizer_matches_optax():
-  ours = _nnx_losses(shardopt.adamw(**ADAMW))
-  theirs = _nnx_losses(optax.adamw(**ADAMW))
+  ours, _ = nnx_training.through_nnx_optimizer(shardopt.adamw(**ADAMW), STEPS)
+  theirs, _ = nnx_training.through_nnx_optimizer(optax.adamw(**ADAMW), STEPS)
   np.testing.assert_allclose(ours, theirs, rtol=1e-5)
   assert ours[-1] < 0.5 * ours[0]
-
-
-def _functional_losses(tx, steps):
-  """The same training as ``_nnx_losses``, on the model's pure arrays."""
-  model = NnxMLP(nnx.Rngs(1))
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  x, y = _batch()
-  params = nnx.as_pure(params)
-
-  @jax.jit
-  def step(params, state):
-    def loss_fn(p):
-      return jnp.mean((nnx.merge(graphdef, p, rest)(x) - y) ** 2)
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, state = tx.update(grads, state, params)
-    return shardopt.apply_updates(params, updates), state, loss
-
-  state, losses = tx.init(params), []
-  for _ in range(steps):
-    params, state, loss = step(params, state)
-    losses.append(float(loss))
-  return np.array(losses)
 
 
 @pytest.mark.parametrize("make_tx", [
@@ -127,7 +73,7 @@ def test_nnx_optimizer_with_per_param_state_trees(make_tx, adapt):
   """State with a tree per param (quantized codes and scales, Shampoo's and
   SOAP's blocks, SM3's covers) through nnx.Optimizer, given plainly or with
   checkpoints.nnx_tx: 6 steps, the losses of the same tx on the pure arrays."""
-  got = _nnx_losses(adapt(make_tx()), steps=6)
-  want = _functional_losses(make_tx(), steps=6)
+  got, _ = nnx_training.through_nnx_optimizer(adapt(make_tx()), steps=6)
+  want, _ = nnx_training.on_pure_arrays(make_tx(), steps=6)
   np.testing.assert_allclose(got, want, rtol=1e-6)
   assert got[-1] < got[0]
