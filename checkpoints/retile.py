@@ -46,12 +46,14 @@ def _splits(sharding, ndim: int) -> list[int]:
 
 
 def _stand_in(saved_spec: dict, like) -> jax.ShapeDtypeStruct:
-  """A leaf of the saved shape, in ``like``'s sharding where it divides."""
+  """A leaf of the saved shape, in ``like``'s spec where it divides (else
+  whole on every device), in device memory: ``retile`` computes on it there
+  and writes the result to the memory ``like`` lives in (host-offloaded
+  state: ``state_memory_kind``)."""
   shape = tuple(saved_spec["shape"])
-  sharding = like.sharding
-  if not _divides(shape, sharding):
-    sharding = NamedSharding(sharding.mesh, PartitionSpec())
-  return jax.ShapeDtypeStruct(shape, like.dtype, sharding=sharding)
+  spec = like.sharding.spec if _divides(shape, like.sharding) else PartitionSpec()
+  return jax.ShapeDtypeStruct(shape, like.dtype,
+                              sharding=NamedSharding(like.sharding.mesh, spec))
 
 
 def saved_tiles(target: Any, saved: dict[str, dict]) -> tuple[Any, list[str]]:

@@ -24,8 +24,8 @@ LAYOUT = {
 _KINDS = {"auto": AxisType.Auto, "explicit": AxisType.Explicit}
 
 
-def _mesh(kind="auto"):
-  return jax.make_mesh((2, 4), ("data", "model"), axis_types=(_KINDS[kind],) * 2)
+def _mesh(kind="auto", shape=(2, 4)):
+  return jax.make_mesh(shape, ("data", "model"), axis_types=(_KINDS[kind],) * 2)
 
 
 def _shardings(mesh):
@@ -140,4 +140,40 @@ def test_host_state_checkpoint_restores_into_host_memory(tmp_path):
     restored = manager.restore({"opt_state": target}).state["opt_state"]
   assert _memory_kinds(restored) == {"pinned_host"}
   for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(saved)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _restore_target(opt, params):
+  return jax.tree.map(lambda t, s: jax.ShapeDtypeStruct(t.shape, t.dtype, sharding=s),
+                      jax.eval_shape(opt.init, params), opt.state_shardings)
+
+
+@pytest.mark.parametrize("kind", ["auto", "explicit"])
+@pytest.mark.parametrize("bits", [8, 4])
+def test_quantized_host_state_restores_onto_a_mesh_with_other_blocks(tmp_path, kind, bits):
+  """Saved on (2, 4), restored onto (4, 2) with the state in host memory:
+  the leaves whose blocks differ there are re-tiled (listed), every leaf
+  lands in pinned_host memory, and the state equals, bit for bit, the same
+  checkpoint restored into device memory (whose re-tiled values
+  ``test_quantized_state`` checks against the saved ones)."""
+  tx = shardopt.adamw(1e-2, state_bits=bits)
+  mesh = _mesh(kind)
+  opt = shardopt.make_sharded_optimizer(tx, _params(mesh), _shardings(mesh), shard_state_over="data",
+                                        state_memory_kind="pinned_host")
+  params = _params(mesh)
+  params, state = opt.update(jax.tree.map(jnp.ones_like, params), opt.init(params), params)
+  with checkpoints.CheckpointManager(tmp_path) as manager:
+    manager.save(1, {"opt_state": state}, force=True)
+    manager.wait_until_finished()
+  other = _mesh(kind, shape=(4, 2))
+  restored = {}
+  for memory_kind in ("pinned_host", None):
+    opt = shardopt.make_sharded_optimizer(tx, _params(other), _shardings(other),
+                                          shard_state_over="data", state_memory_kind=memory_kind)
+    with checkpoints.CheckpointManager(tmp_path, read_only=True) as manager:
+      restored[memory_kind] = manager.restore({"opt_state": _restore_target(opt, _params(other))})
+  on_host, on_device = restored["pinned_host"], restored[None]
+  assert on_host.retiled and on_host.retiled == on_device.retiled
+  assert _memory_kinds(on_host.state) == {"pinned_host"}
+  for a, b in zip(jax.tree.leaves(on_host.state), jax.tree.leaves(on_device.state)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -39,14 +39,17 @@ def test_demo_adamw_state_bytes_per_param(mesh, capsys):
     assert all(l.reason in "\n".join(lines) for l in report.kept)
 
 
-def test_a_quantized_run_resumes_onto_other_meshes(tmp_path, capsys):
+@pytest.mark.parametrize("bits,memory", [("8", "device"), ("4", "pinned_host")])
+def test_a_quantized_run_resumes_onto_other_meshes(tmp_path, capsys, bits, memory):
+  """Saved on data=4,model=2, resumed onto data=2,model=4, then
+  data=8,model=1, with the state in device or host memory."""
   out = tmp_path / "run"
-  common = ["--state-bits", "8", "--checkpoint-every", "2", "--eval-every", "0",
-            "--sample-every", "0"]
+  common = ["--state-bits", bits, "--state-memory-kind", memory, "--checkpoint-every", "2",
+            "--eval-every", "0", "--sample-every", "0"]
   launch_helpers.run_in_process(out, *common, "--heads", "4", "--head-dim", "8",
                                 "--steps", "2")
   header = capsys.readouterr().out
-  assert "8-bit optimizer state:" in header
+  assert f"{bits}-bit optimizer state:" in header
   for step, mesh in ((4, "data=2,model=4"), (6, "data=8,model=1")):
     assert train.main(["--cpu-devices", "0", "--out", str(out), "--resume",
                        "--mesh", mesh, "--steps", str(step)]) == 0
