@@ -147,14 +147,29 @@ def _tokens(path: str, name: str, value, action) -> list[str]:
   """The command-line words of one entry of a --config file."""
   flag = action.option_strings[0]
   if name == "opt":
-    pairs = value.items() if isinstance(value, dict) else value
-    return [word for key, number in pairs for word in ("--opt", f"{key}={number}")]
+    return [word for entry in _opt_entries(path, value) for word in ("--opt", entry)]
   if action.nargs == 0:  # a switch: true or false
     if not isinstance(value, bool):
       raise cli.UsageError(f"--config {path}: {name} = {value!r}: must be true or false")
     negative = [s for s in action.option_strings if s.startswith("--no-")]
     return [flag] if value else negative[:1] if negative else []
   return [flag, str(value)]
+
+
+def _opt_entries(path: str, value) -> list[str]:
+  """The ``NAME=NUMBER`` words of a --config file's ``opt``: a table
+  (``opt = { decay_rate = 0.8 }``, what ``--print-config`` writes), a list of
+  ``[name, number]`` pairs (the checkpoint's JSON) or of ``"NAME=NUMBER"``
+  strings (the command line's)."""
+  if isinstance(value, dict):
+    return [f"{key}={number}" for key, number in value.items()]
+  if isinstance(value, list):
+    if all(isinstance(e, str) for e in value):
+      return list(value)
+    if all(isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) for e in value):
+      return [f"{key}={number}" for key, number in value]
+  raise cli.UsageError(f"--config {path}: opt = {value!r}: must be a table of keyword = number"
+                       " (opt = { decay_rate = 0.8 })")
 
 
 def read_file(path: str) -> dict:
@@ -165,6 +180,9 @@ def read_file(path: str) -> dict:
     data = json.loads(text) if path.endswith(".json") else tomllib.loads(text)
   except (OSError, ValueError) as e:
     raise cli.UsageError(f"--config {path}: cannot read it: {e}") from None
+  if not isinstance(data, dict):
+    raise cli.UsageError(f"--config {path}: must hold a table of flags (name = value, e.g."
+                         f" lr = 0.01); it holds {json.dumps(data)[:60]}")
   parser = cli.parser()
   actions = {a.dest: a for a in parser._actions if a.option_strings}  # pylint: disable=W0212
   words, switches_off = [], []

@@ -47,12 +47,32 @@ def test_config_file_and_print_config_round_trip(tmp_path, capsys):
     ('zero = "no"', "zero = 'no': must be true or false"),
     ("lr = -1", "--lr -1.0: must be a finite number > 0"),
     ("steps = [", "cannot read it"),
+    ("opt = 3", "opt = 3: must be a table of keyword = number"),
+    ("opt = [[1, 2, 3]]", "opt = [[1, 2, 3]]: must be a table of keyword = number"),
+    ('opt = { b1 = "x" }', "'x' is not a number"),
 ])
 def test_bad_config_file(tmp_path, text, culprit):
   path = tmp_path / "bad.toml"
   path.write_text(text)
   with pytest.raises(cli.UsageError, match=re.escape(culprit)):
     flags.resolve(["--config", str(path)])
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '"lr"', "3"])
+def test_a_json_config_that_is_not_a_table_is_a_usage_error(tmp_path, text):
+  path = tmp_path / "bad.json"
+  path.write_text(text)
+  with pytest.raises(cli.UsageError, match=re.escape(
+      f"--config {path}: must hold a table of flags (name = value, e.g. lr = 0.01); it holds")):
+    flags.resolve(["--config", str(path)])
+
+
+@pytest.mark.parametrize("opt", ["{ decay_rate = 0.7 }", '[["decay_rate", 0.7]]',
+                                 '["decay_rate=0.7"]'])
+def test_config_opt_as_a_table_pairs_or_command_line_words(tmp_path, opt):
+  path = tmp_path / "run.toml"
+  path.write_text(f'optimizer = "adafactor"\nopt = {opt}\n')
+  assert flags.resolve(["--config", str(path)]).opt == [("decay_rate", 0.7)]
 
 
 @pytest.mark.slow
