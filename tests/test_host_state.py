@@ -158,8 +158,8 @@ def test_quantized_host_state_restores_onto_a_mesh_with_other_blocks(tmp_path, k
   ``test_quantized_state`` checks against the saved ones)."""
   tx = shardopt.adamw(1e-2, state_bits=bits)
   mesh = _mesh(kind)
-  opt = shardopt.make_sharded_optimizer(tx, _params(mesh), _shardings(mesh), shard_state_over="data",
-                                        state_memory_kind="pinned_host")
+  opt = shardopt.make_sharded_optimizer(tx, _params(mesh), _shardings(mesh),
+                                        shard_state_over="data", state_memory_kind="pinned_host")
   params = _params(mesh)
   params, state = opt.update(jax.tree.map(jnp.ones_like, params), opt.init(params), params)
   with checkpoints.CheckpointManager(tmp_path) as manager:

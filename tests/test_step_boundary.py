@@ -2,6 +2,8 @@
 (once per compiled signature, naming the param), donated arrays refused with
 the reason, and the README's pattern leaving the user's arrays alive."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
@@ -93,3 +95,43 @@ def test_readme_pattern_keeps_the_users_arrays():
   np.testing.assert_allclose(np.asarray(params["w"]), 0.5)
   aliased = jax.device_put(mine, shardings)  # the pitfall the copy avoids
   assert aliased["w"] is mine["w"]
+
+
+def _loss(params, batch):
+  return sum(jnp.sum(p * batch) for p in jax.tree.leaves(params))
+
+
+def _calls(opt, params, state):
+  """init, update and train_step, each given ``params`` and ``state``."""
+  grads = jax.tree.map(jnp.ones_like, params)
+  train_step = opt.train_step(_loss)
+  return {"init": lambda: opt.init(params),
+          "update": lambda: opt.update(grads, state, params),
+          "train_step": lambda: train_step(params, state, jnp.float32(1))}
+
+
+@pytest.mark.parametrize("call", ["init", "update", "train_step"])
+def test_params_of_another_tree_name_where_they_differ(call):
+  opt, params, state = _setup()
+  renamed = {"w": params["w"], "c": params["b"]}
+  with pytest.raises(ValueError, match=re.escape(
+      "params does not have the structure this optimizer was built for: params is a dict"
+      " with entries ['c'], ['w'] where the optimizer has a dict with entries ['b'], ['w']."
+      " Pass params of the tree the optimizer was built for")):
+    _calls(opt, renamed, state)[call]()
+  assert not params["w"].is_deleted()  # refused before anything ran
+
+
+@pytest.mark.parametrize("call", ["update", "train_step"])
+def test_a_state_of_another_optimizer_names_where_it_differs(call):
+  opt, params, state = _setup()
+  momentum = shardopt.sgd(0.1, momentum=0.9).init(params)
+  with pytest.raises(ValueError, match=re.escape(
+      "state does not have the structure this optimizer was built for: state[0] is a"
+      " TraceState with entries .trace where the optimizer has a ScaleByAdamState with entries"
+      " .count, .mu, .nu. Pass the state this optimizer's init returned")):
+    _calls(opt, params, momentum)[call]()
+  with pytest.raises(ValueError, match=re.escape(
+      "state is a tuple with entries [0] where the optimizer has a tuple with entries [0], [1]")):
+    _calls(opt, params, state[:1])[call]()
+  assert not state[0].mu["w"].is_deleted()

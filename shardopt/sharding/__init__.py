@@ -13,6 +13,7 @@ from shardopt.sharding._derivation import StatePlan
 from shardopt.sharding._derivation import plan_state_shardings
 from shardopt.sharding._derivation import state_shardings
 from shardopt.sharding._layouts import in_layout
+from shardopt.sharding._step import ShardedInit
 from shardopt.sharding._step import ShardedOptimizer
 from shardopt.sharding._step import ShardedUpdate
 from shardopt.sharding._step import make_sharded_optimizer
@@ -23,7 +24,7 @@ from shardopt.sharding._train_step import TrainStep
 from shardopt.sharding._train_step import global_norms
 
 __all__ = [
-    "LeafPlan", "ReplicatedStateWarning", "ShardedOptimizer", "ShardedUpdate", "StatePlan", "TrainStep",
-    "global_norms", "in_layout", "make_sharded_optimizer", "plan_state_shardings", "sharded_init",
-    "sharded_update", "state_shardings", "with_typed_init",
+    "LeafPlan", "ReplicatedStateWarning", "ShardedInit", "ShardedOptimizer", "ShardedUpdate",
+    "StatePlan", "TrainStep", "global_norms", "in_layout", "make_sharded_optimizer",
+    "plan_state_shardings", "sharded_init", "sharded_update", "state_shardings", "with_typed_init",
 ]

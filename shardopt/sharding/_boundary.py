@@ -6,6 +6,11 @@ The step calls it while tracing, so it runs once per compiled signature and
 costs nothing per step; a mismatch that ``jit`` rejects before tracing (a
 different tree, an indivisible shape) is diagnosed by it on that error path.
 
+``check_inputs`` names where the params or the state given to ``init``,
+``update`` or a training step differ from the tree the optimizer was built
+for (a state of another optimizer, a param added or renamed); ``jit``
+rejects those before tracing, so it runs on that error path only.
+
 ``check_live`` runs on every call: a donated (deleted) array passed to a
 jitted step can crash the process in this jax version instead of raising, so
 the step refuses it first, saying it was donated.
@@ -16,7 +21,7 @@ from jax.tree_util import keystr
 from jax.tree_util import tree_flatten_with_path
 import numpy as np
 
-__all__ = ["check_grads", "check_live"]
+__all__ = ["check_grads", "check_inputs", "check_live"]
 
 
 def _first_structure_difference(grads, params) -> str:
@@ -55,6 +60,54 @@ def check_grads(grads, params) -> None:
           "gradients must have their param's dtype (an integer gradient is "
           "not a gradient; a lower-precision one would silently lose "
           f"precision in the update). Cast it, e.g. g.astype({param.dtype}).")
+
+
+def _node(tree):
+  """``(type, [(key, child), ...])`` of the top of ``tree``; type None for a leaf."""
+  if jax.tree_util.treedef_is_leaf(jax.tree.structure(tree)):
+    return None, []
+  children = tree_flatten_with_path(tree, is_leaf=lambda x: x is not tree)[0]
+  return type(tree), [(path[0], child) for path, child in children]
+
+
+def _describe(kind, children) -> str:
+  if kind is None:
+    return "an array"
+  keys = ", ".join(keystr((key,)) for key, _ in children)
+  return f"a {kind.__name__} with entries {keys}" if children else f"an empty {kind.__name__}"
+
+
+def _first_difference(tree, like, where: str) -> str:
+  """Where ``tree``'s structure first departs from ``like``'s (trees whose
+  structures differ), and how."""
+  kind, children = _node(tree)
+  like_kind, like_children = _node(like)
+  if kind is not like_kind or [k for k, _ in children] != [k for k, _ in like_children]:
+    return (f"{where} is {_describe(kind, children)} where the optimizer has "
+            f"{_describe(like_kind, like_children)}")
+  for (key, child), (_, like_child) in zip(children, like_children):
+    if jax.tree.structure(child) != jax.tree.structure(like_child):
+      return _first_difference(child, like_child, where + keystr((key,)))
+  return f"{where} is a {kind.__name__} whose node data differs from the optimizer's"
+
+
+def _check_structure(what: str, tree, like, fix: str) -> None:
+  if jax.tree.structure(tree) != jax.tree.structure(like):
+    raise ValueError(f"{what} does not have the structure this optimizer was built for: "
+                     f"{_first_difference(tree, like, what)}. {fix}")
+
+
+def check_inputs(param_shardings, params, state_shardings=None, state=None) -> None:
+  """Raises ValueError naming the first node where ``params`` (or
+  ``state``) departs from the tree of shardings the optimizer was built
+  with, and what to pass instead."""
+  _check_structure("params", params, param_shardings,
+                   "Pass params of the tree the optimizer was built for, or build one for these"
+                   " (make_sharded_optimizer(tx, params, param_shardings)).")
+  if state_shardings is not None:
+    _check_structure("state", state, state_shardings,
+                     "Pass the state this optimizer's init returned (or one restored from its"
+                     " checkpoint); another optimizer's state needs that optimizer.")
 
 
 def check_live(what: str, **trees) -> None:

@@ -36,6 +36,7 @@ import jax
 
 from shardopt._src.tree_math import apply_updates
 from shardopt.sharding._boundary import check_grads
+from shardopt.sharding._boundary import check_inputs
 from shardopt.sharding._boundary import check_live
 from shardopt.sharding._derivation import StatePlan
 from shardopt.sharding._derivation import plan_state_shardings
@@ -49,6 +50,7 @@ from shardopt.sharding._train_step import make_train_step
 from shardopt.sharding._zero import DEFAULT_MIN_SHARD_BYTES
 
 __all__ = [
+    "ShardedInit",
     "ShardedOptimizer",
     "ShardedUpdate",
     "make_sharded_optimizer",
@@ -58,8 +60,26 @@ __all__ = [
 ]
 
 
+class ShardedInit(NamedTuple):
+  """``(params) -> state``, jitted (``jitted``); params of another tree than
+  ``param_shardings``' get an error naming where."""
+
+  jitted: Any
+  param_shardings: Any
+
+  def __call__(self, params):
+    try:
+      return self.jitted(params)
+    except (ValueError, TypeError):  # rejected before tracing: say why
+      check_inputs(self.param_shardings, params)
+      raise
+
+  def lower(self, params):
+    return self.jitted.lower(params)
+
+
 def sharded_init(tx, param_shardings, state_shardings, *,
-                 update_shardings=None) -> Callable:
+                 update_shardings=None) -> ShardedInit:
   """``tx.init`` jitted to read params in ``param_shardings`` and write the
   state straight into ``state_shardings``.
 
@@ -69,8 +89,8 @@ def sharded_init(tx, param_shardings, state_shardings, *,
   comes out as the plan derived it.
   """
   layout = param_shardings if update_shardings is None else update_shardings
-  return jax.jit(typed(tx.init, layout), in_shardings=(param_shardings,),
-                 out_shardings=state_shardings)
+  return ShardedInit(jax.jit(typed(tx.init, layout), in_shardings=(param_shardings,),
+                             out_shardings=state_shardings), param_shardings)
 
 
 def with_typed_init(tx, param_shardings):
@@ -91,16 +111,21 @@ class ShardedUpdate(NamedTuple):
   callables as static arguments (a new callable recompiles the step).
   ``jitted`` is the underlying ``jax.jit`` function, with the signature
   ``(params, grads, state, arrays, callables) -> (new_params, new_state)``;
-  ``lower`` lowers it from arguments given in optax's order.
+  ``lower`` lowers it from arguments given in optax's order. Params or a
+  state of another tree than ``param_shardings`` / ``state_shardings`` get
+  an error naming where.
   """
 
   jitted: Any
+  param_shardings: Any
+  state_shardings: Any
 
   def __call__(self, grads, state, params, **extra_args):
     check_live("opt.update", grads=grads, state=state, params=params)
     try:
       return self.jitted(params, grads, state, *_split_extra_args(extra_args))
     except (ValueError, TypeError):  # rejected before tracing: say why
+      check_inputs(self.param_shardings, params, self.state_shardings, state)
       check_grads(grads, params)
       raise
 
@@ -143,7 +168,7 @@ def sharded_update(tx, param_shardings, state_shardings, *,
       out_shardings=(param_shardings, state_shardings),
       static_argnums=(4,),
       donate_argnums=(0, 2) if donate else (),
-      keep_unused=True))
+      keep_unused=True), param_shardings, state_shardings)
 
 
 class ShardedOptimizer(NamedTuple):

@@ -51,6 +51,7 @@ from shardopt._src.tree_math import apply_updates
 from shardopt._src.tree_math import global_norm
 from shardopt.sharding._batch import BatchLayout
 from shardopt.sharding._batch import batch_layout
+from shardopt.sharding._boundary import check_inputs
 from shardopt.sharding._boundary import check_live
 from shardopt.sharding._layouts import in_layout
 from shardopt.sharding._layouts import mesh_of
@@ -72,11 +73,14 @@ class TrainStep(NamedTuple):
   """``(params, state, batch[, key]) -> (new_params, new_state, loss[,
   metrics])``, one jitted program (``jitted``: the ``jax.jit`` function,
   same signature). Each batch leaf is placed in its layout (``layout``)
-  before the call."""
+  before the call. Params or a state of another tree than
+  ``param_shardings`` / ``state_shardings`` get an error naming where."""
 
   jitted: Any
   layout: BatchLayout
   with_key: bool
+  param_shardings: Any
+  state_shardings: Any
 
   def _arguments(self, params, state, batch, key):
     if self.with_key != (key is not None):
@@ -89,7 +93,12 @@ class TrainStep(NamedTuple):
     return (params, state, batch) + ((key,) if self.with_key else ())
 
   def __call__(self, params, state, batch, key=None):
-    return self.jitted(*self._arguments(params, state, batch, key))
+    arguments = self._arguments(params, state, batch, key)
+    try:
+      return self.jitted(*arguments)
+    except (ValueError, TypeError):  # rejected before tracing: say why
+      check_inputs(self.param_shardings, params, self.state_shardings, state)
+      raise
 
   def lower(self, params, state, batch, key=None):
     return self.jitted.lower(*self._arguments(params, state, batch, key))
@@ -237,7 +246,7 @@ def make_train_step(opt, loss_fn: Callable, *, has_aux: bool = False,
       step, in_shardings=in_shardings,
       out_shardings=out_shardings,
       donate_argnums=(0, 1) if opt.donate else (),
-      keep_unused=True), layout, with_key)
+      keep_unused=True), layout, with_key, param_shardings, opt.state_shardings)
 
 
 def _loss_only(loss_fn, has_aux, with_key, params, batch, key):
