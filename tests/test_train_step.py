@@ -129,6 +129,32 @@ def test_explicit_mesh_one_program_equals_two_programs():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
 
 
+def test_the_loss_is_traced_under_the_params_mesh():
+  """A loss that names PartitionSpecs (the out_sharding Explicit axes need
+  for a contraction of two sharded dimensions) runs through train_step
+  with no mesh context of the caller's, and trains as the plain loss does
+  on Auto axes."""
+  def explicit_loss(params, batch):
+    x, y = batch
+    h = jax.nn.gelu(x @ params["w1"])
+    out = jnp.matmul(h, params["w2"], out_sharding=P("data", None))
+    return jnp.mean((out * params["scale"] - y) ** 2)
+
+  trained = {}
+  for axis_types, loss in (("auto", _loss), ("explicit", explicit_loss)):
+    mesh = partitioning.make_mesh({"data": 4, "model": 2}, axis_types=axis_types)
+    shardings = partitioning.named_shardings(mesh, SPECS)
+    opt = shardopt.make_sharded_optimizer(shardopt.adam(1e-2), _params(), shardings,
+                                          shard_state_over="data", min_shard_bytes=0)
+    params = _placed(shardings)
+    state, train_step = opt.init(params), opt.train_step(loss)
+    for step in range(3):
+      params, state, _ = train_step(params, state, _batch(step, mesh))
+    trained[axis_types] = jax.device_get(params)
+  for got, want in zip(jax.tree.leaves(trained["explicit"]), jax.tree.leaves(trained["auto"])):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
 # --- train_step's options against the unsharded step computed by hand -----
 #
 # A model whose loss is valid on Explicit axes as on Auto: no contraction of

@@ -34,6 +34,10 @@ and the update runs through ``update_in_layout``, like ``opt.update``.
 * ``metrics``: ``metrics(grads, updates, new_params)`` computed inside the
   program (e.g. ``global_norms``), returned as a fourth output, so the
   norms people plot cost no host sync of their own.
+* The step is traced under its params' mesh (``jax.set_mesh``), so a
+  ``loss_fn`` that names ``PartitionSpec``s (``out_sharding=P(...)``, as
+  Explicit axes need for some contractions) runs without a mesh context
+  of the caller's.
 """
 
 from collections.abc import Callable
@@ -95,13 +99,16 @@ class TrainStep(NamedTuple):
   def __call__(self, params, state, batch, key=None):
     arguments = self._arguments(params, state, batch, key)
     try:
-      return self.jitted(*arguments)
+      with jax.set_mesh(mesh_of(self.param_shardings)):
+        return self.jitted(*arguments)
     except (ValueError, TypeError):  # rejected before tracing: say why
       check_inputs(self.param_shardings, params, self.state_shardings, state)
       raise
 
   def lower(self, params, state, batch, key=None):
-    return self.jitted.lower(*self._arguments(params, state, batch, key))
+    arguments = self._arguments(params, state, batch, key)
+    with jax.set_mesh(mesh_of(self.param_shardings)):
+      return self.jitted.lower(*arguments)
 
 
 def _accumulator_dtype(dtype):
