@@ -155,6 +155,35 @@ def test_the_loss_is_traced_under_the_params_mesh():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
 
 
+def test_a_value_fn_given_to_update_is_traced_under_the_params_mesh():
+  """L-BFGS's line search calls ``value_fn`` inside ``opt.update``: one that
+  names PartitionSpecs runs with no mesh context of the caller's, and
+  trains as the plain loss does on Auto axes."""
+  trained = {}
+  for axis_types in ("auto", "explicit"):
+    mesh = partitioning.make_mesh({"data": 4, "model": 2}, axis_types=axis_types)
+    shardings = partitioning.named_shardings(mesh, SPECS)
+    batch = _batch(0, mesh)
+
+    def loss(params):
+      x, y = batch
+      h = jax.nn.gelu(x @ params["w1"])
+      out = (jnp.matmul(h, params["w2"], out_sharding=P("data", None))
+             if axis_types == "explicit" else h @ params["w2"])
+      return jnp.mean((out * params["scale"] - y) ** 2)
+
+    opt = shardopt.make_sharded_optimizer(shardopt.lbfgs(), _params(), shardings)
+    params = _placed(shardings)
+    state = opt.init(params)
+    for _ in range(3):
+      with jax.set_mesh(mesh):
+        value, grads = jax.jit(jax.value_and_grad(loss))(params)
+      params, state = opt.update(grads, state, params, value=value, grad=grads, value_fn=loss)
+    trained[axis_types] = jax.device_get(params)
+  for got, want in zip(jax.tree.leaves(trained["explicit"]), jax.tree.leaves(trained["auto"])):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
 # --- train_step's options against the unsharded step computed by hand -----
 #
 # A model whose loss is valid on Explicit axes as on Auto: no contraction of

@@ -40,6 +40,7 @@ from shardopt.sharding._boundary import check_inputs
 from shardopt.sharding._boundary import check_live
 from shardopt.sharding._derivation import StatePlan
 from shardopt.sharding._derivation import plan_state_shardings
+from shardopt.sharding._layouts import mesh_of
 from shardopt.sharding._layouts import typed
 from shardopt.sharding._layouts import update_in_layout
 from shardopt.sharding._memory import in_memory
@@ -113,7 +114,9 @@ class ShardedUpdate(NamedTuple):
   ``(params, grads, state, arrays, callables) -> (new_params, new_state)``;
   ``lower`` lowers it from arguments given in optax's order. Params or a
   state of another tree than ``param_shardings`` / ``state_shardings`` get
-  an error naming where.
+  an error naming where. It is traced under the params' mesh
+  (``jax.set_mesh``), so a ``value_fn`` that names ``PartitionSpec``s needs
+  no mesh context of the caller's.
   """
 
   jitted: Any
@@ -123,14 +126,16 @@ class ShardedUpdate(NamedTuple):
   def __call__(self, grads, state, params, **extra_args):
     check_live("opt.update", grads=grads, state=state, params=params)
     try:
-      return self.jitted(params, grads, state, *_split_extra_args(extra_args))
+      with jax.set_mesh(mesh_of(self.param_shardings)):
+        return self.jitted(params, grads, state, *_split_extra_args(extra_args))
     except (ValueError, TypeError):  # rejected before tracing: say why
       check_inputs(self.param_shardings, params, self.state_shardings, state)
       check_grads(grads, params)
       raise
 
   def lower(self, grads, state, params, **extra_args):
-    return self.jitted.lower(params, grads, state, *_split_extra_args(extra_args))
+    with jax.set_mesh(mesh_of(self.param_shardings)):
+      return self.jitted.lower(params, grads, state, *_split_extra_args(extra_args))
 
 
 def _split_extra_args(extra_args: dict) -> tuple[dict, tuple]:
