@@ -8,6 +8,9 @@ tree's container types: the arrays are read by name and put back into the
 ``EmptyState``, ``None`` leaves and nnx ``State``/``Variable`` nodes come back
 as the caller built them. Typed PRNG keys are stored as their raw key data and
 re-wrapped with the saved implementation; raw ``uint32`` keys are plain arrays.
+An array with no elements (a zero-length dimension, e.g. GaLore's projector of
+a param it does not project) has no data to write (Orbax refuses it): the
+layout alone records it, and a restore makes it again (``empty_value``).
 """
 
 from typing import Any
@@ -20,7 +23,8 @@ from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 from checkpoints.errors import StructureMismatchError
 
 __all__ = [
-    "check_same", "describe", "differences", "leaf_name", "named_leaves", "read_args", "rebuild", "to_saveable",
+    "check_same", "describe", "differences", "empty_value", "is_empty", "leaf_name", "named_leaves",
+    "read_args", "rebuild", "to_saveable",
 ]
 
 _PY_SCALARS = (bool, int, float)
@@ -86,6 +90,8 @@ def to_saveable(tree: Any) -> dict[str, Any]:
   """
   out = {}
   for name, leaf in named_leaves(tree):
+    if is_empty(leaf):
+      continue
     if _is_key(leaf):
       leaf = jax.random.key_data(leaf)
     if isinstance(leaf, _PY_SCALARS) or _host_local(leaf):
@@ -155,6 +161,21 @@ def _read_arg(name: str, leaf):
     shape, dtype = data.shape, data.dtype
   item = jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
   return item, ocp.ArrayRestoreArgs(sharding=sharding, global_shape=shape, dtype=dtype)
+
+
+def is_empty(leaf) -> bool:
+  """Whether ``leaf`` is an array (or its ShapeDtypeStruct) with no elements."""
+  return not isinstance(leaf, _PY_SCALARS) and 0 in tuple(getattr(leaf, "shape", ()))
+
+
+def empty_value(name: str, leaf):
+  """The value a restore reads for the empty leaf ``leaf`` of the target (as
+  ``read_args`` would have it read: key data for a PRNG key), laid out in
+  its sharding."""
+  if isinstance(leaf, (np.ndarray, np.generic)):
+    return np.zeros(leaf.shape, leaf.dtype)
+  item, _ = _read_arg(name, leaf)
+  return jax.device_put(np.zeros(item.shape, item.dtype), item.sharding)
 
 
 def read_args(pairs: list[tuple[str, Any]]) -> tuple[dict, dict]:

@@ -233,7 +233,12 @@ class CheckpointManager:
     return self._record(self._step(step))[1]
 
   def _read(self, step: int, pairs: list, saved: record.Record, partial: bool) -> dict:
-    """The arrays of ``pairs`` read from ``step``, each checked against its saved checksum."""
+    """The arrays of ``pairs`` read from ``step``, each checked against its saved checksum
+    (empty ones made, not read: ``layout.empty_value``)."""
+    empty = {n: layout.empty_value(n, x) for n, x in pairs if layout.is_empty(x)}
+    pairs = [(n, x) for n, x in pairs if n not in empty]
+    if not pairs:
+      return empty
     item, restore_args = layout.read_args(pairs)
     args = ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=partial)
     failure = None
@@ -250,7 +255,7 @@ class CheckpointManager:
     if saved.checksums is None:
       _log.warning("Checkpoint step %d in %s was written without checksums: its bytes are not verified.",
                    step, self.directory)
-      return values
+      return {**values, **empty}
     damaged = saved.damaged(values)
     if damaged:
       shown = ", ".join(repr(n) for n in damaged[:5]) + (f" and {len(damaged) - 5} more" if len(damaged) > 5 else "")
@@ -258,7 +263,7 @@ class CheckpointManager:
           f"Checkpoint step {step} in {self.directory} is damaged: leaf {shown} read back different from what "
           "was written (checksum mismatch). restore_latest_valid() falls back to the newest intact step.",
           step=step, leaves=tuple(damaged))
-    return values
+    return {**values, **empty}
 
   def restore(self, target: Any, step: int | None = None, *, optimizer_changed: str = "error",
               opt_state_key: str = "opt_state") -> Restored:

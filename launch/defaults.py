@@ -15,9 +15,13 @@ the search starts from), and a constant schedule: L-BFGS from a warmup at 0
 never moves, in shardopt as in optax (the first step is zero, and its
 curvature pair, a zero param difference against a nonzero gradient
 difference between two batches, scales every later direction to zero).
+An optimizer that estimates its own step size (``ADAPTIVE_STEP``: Prodigy,
+D-Adaptation) takes the rate its method defines, 1.0 (a scale of its
+estimate), and a constant schedule too: from a warmup at 0 its first
+estimate is 0 / 0, nan, in shardopt as in optax.
 """
 
-__all__ = ["FALLBACK", "LEARNING_RATES", "LINE_SEARCH", "SOURCE", "describe",
+__all__ = ["ADAPTIVE_STEP", "FALLBACK", "LEARNING_RATES", "LINE_SEARCH", "SOURCE", "describe",
            "learning_rate", "schedule", "source"]
 
 SOURCE = "benchmarks/results/matrix_optimizers.md"
@@ -27,11 +31,13 @@ LEARNING_RATES = {
 }
 FALLBACK = 3e-3
 LINE_SEARCH = {"lbfgs": 1.0}
+ADAPTIVE_STEP = {"prodigy": 1.0, "dadapt_adamw": 1.0}
+_CONSTANT_SCHEDULE = {**LINE_SEARCH, **ADAPTIVE_STEP}
 
 
 def learning_rate(optimizer: str) -> float:
   """The default --lr of ``optimizer``."""
-  return LEARNING_RATES.get(optimizer, LINE_SEARCH.get(optimizer, FALLBACK))
+  return LEARNING_RATES.get(optimizer, _CONSTANT_SCHEDULE.get(optimizer, FALLBACK))
 
 
 def source(optimizer: str) -> str:
@@ -41,11 +47,13 @@ def source(optimizer: str) -> str:
 
 def schedule(optimizer: str) -> str:
   """The default --schedule of ``optimizer``."""
-  return "constant" if optimizer in LINE_SEARCH else "warmup_cosine"
+  return "constant" if optimizer in _CONSTANT_SCHEDULE else "warmup_cosine"
 
 
 def describe() -> str:
   """The table in one line (for --help)."""
   rates = ", ".join(f"{name} {lr:g}" for name, lr in LEARNING_RATES.items())
   searches = ", ".join(f"{name} {lr:g}" for name, lr in LINE_SEARCH.items())
-  return f"{rates}; any other {FALLBACK:g}; {searches} (line search, constant schedule)"
+  adaptive = ", ".join(f"{name} {lr:g}" for name, lr in ADAPTIVE_STEP.items())
+  return (f"{rates}; any other {FALLBACK:g}; {searches} (line search, constant schedule);"
+          f" {adaptive} (adaptive step size, constant schedule)")

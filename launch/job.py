@@ -42,7 +42,7 @@ from launch import job_log, memory, steps, throughput
 from launch.model import ModelConfig, Transformer, next_token_loss
 from launch.profile import ProfileWindow
 from launch.stop import StopRequest
-from launch.optim import build_schedule, with_param_dtype, with_state_bits
+from launch.optim import build_schedule, update_arguments, with_param_dtype, with_state_bits
 from launch.validation import NonFiniteGuard, as_usage_error, checked_mesh, checked_optimizer
 
 # Steps dispatched ahead of the host at most, whatever --log-every: XLA:CPU aborts a
@@ -214,7 +214,8 @@ def _train(args, mesh, model, opt, evaluation, initial, manager, guard, config, 
   batch = lambda step: data.sharded_batch(corpus, args.seed, step, args.batch, args.seq_len,
                                           mesh)
   train_step, flops = throughput.compile_step(
-      steps.train_step(opt, loss_fn), params, opt_state, batch(start))
+      steps.train_step(opt, loss_fn, update_arguments(args.optimizer)), params,
+      opt_state, batch(start))
   peak = throughput.peak_flops(args.peak_tflops)
   _say(evaluation.describe(args),
        f"FLOPs per step: {flops / 1e9:.3g} GFLOP (XLA's cost analysis of the compiled step,"

@@ -15,10 +15,24 @@ import typing
 
 import shardopt
 
-__all__ = ["HYPERPARAMETER_FLAGS", "build_optimizer", "build_schedule", "with_param_dtype",
-           "with_state_bits"]
+__all__ = ["HYPERPARAMETER_FLAGS", "build_optimizer", "build_schedule", "update_arguments",
+           "with_param_dtype", "with_state_bits"]
 
 HYPERPARAMETER_FLAGS = ("b1", "b2", "eps", "weight_decay", "momentum")
+
+# What an alias's update reads besides the gradients (``train_step``'s
+# ``extra_args``), where it is not the loss, its gradients and the loss as a
+# function of the params (``value_fn``: L-BFGS's and the line searches'):
+# Sophia's Hessian estimate reads the objective as ``obj_fn``. (The two are
+# not offered together: a line search passes a keyword it does not know on
+# to ``value_fn``, which refuses it.)
+_UPDATE_ARGUMENTS = {"sophia": ("obj_fn",)}
+_DEFAULT_UPDATE_ARGUMENTS = ("value", "grad", "value_fn")
+
+
+def update_arguments(optimizer: str) -> tuple[str, ...]:
+  """The extra arguments the update of ``--optimizer optimizer`` reads."""
+  return _UPDATE_ARGUMENTS.get(optimizer, _DEFAULT_UPDATE_ARGUMENTS)
 
 
 def build_schedule(args: argparse.Namespace) -> shardopt.Schedule:

@@ -7,8 +7,8 @@ the gradients (before any clipping the optimizer does), of the update applied
 and of the new params computed inside the program
 (``shardopt.sharding.global_norms``): they come back with the loss, as
 replicated device scalars, and cost no host sync of their own. The update
-runs as ``opt.update`` does (ZeRO update layout, the extra arguments L-BFGS
-and the line searches read).
+runs as ``opt.update`` does (ZeRO update layout, the extra arguments its
+optimizer reads: ``optim.update_arguments``).
 """
 
 import jax
@@ -28,11 +28,14 @@ def _replicated(shardings):
   return NamedSharding(jax.tree.leaves(shardings)[0].mesh, P())
 
 
-def train_step(opt, loss_fn) -> shardopt.sharding.TrainStep:
+def train_step(opt, loss_fn, extra_args=("value", "grad", "value_fn")
+               ) -> shardopt.sharding.TrainStep:
   """``(params, state, batch) -> (params, state, loss, norms)``, ``norms`` the
   dict of ``global_norms``; params and state donated (use only the returned
-  ones). ``stats(loss, norms)`` is the dict of the scalars named in ``STATS``."""
-  return opt.train_step(loss_fn, metrics=shardopt.sharding.global_norms)
+  ones); ``tx.update`` receives ``extra_args`` (``optim.update_arguments``).
+  ``stats(loss, norms)`` is the dict of the scalars named in ``STATS``."""
+  return opt.train_step(loss_fn, metrics=shardopt.sharding.global_norms,
+                        extra_args=extra_args)
 
 
 def stats(loss, norms) -> dict:

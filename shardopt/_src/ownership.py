@@ -33,7 +33,7 @@ def in_blocks_of(shape, param_shape) -> bool:
   """The param's rank, not its shape, every dimension a divisor of the
   param's and above 1 where the param's is (a block-wise layout)."""
   return (len(shape) == len(param_shape) and tuple(shape) != tuple(param_shape)
-          and all(p % s == 0 and (s > 1 or p == 1)
+          and all(s > 0 and p % s == 0 and (s > 1 or p == 1)
                   for s, p in zip(shape, param_shape)))
 
 
@@ -42,7 +42,7 @@ def _block_grid_of(shape, param_shape) -> bool:
   param's dimension (its block count there): per-block statistics."""
   rank = len(param_shape)
   return (0 < rank < len(shape)
-          and all(p % g == 0 for g, p in zip(shape[:rank], param_shape)))
+          and all(g > 0 and p % g == 0 for g, p in zip(shape[:rank], param_shape)))
 
 
 def param_dims(shape, param_shape) -> list[int | None] | None:
