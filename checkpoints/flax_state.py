@@ -67,6 +67,17 @@ def _constrain_leaves(tree, shardings: list, what: str):
   return jax.tree.unflatten(treedef, leaves)
 
 
+def _lay_out_variables(tree, shardings: list, what: str) -> None:
+  """Lays each ``nnx.Variable`` of ``tree`` out in its sharding, in the tree's own order
+  (``optimizer.opt_state`` keeps ``tx.init``'s structure, the order ``shardings`` are derived
+  in; ``nnx.state`` would sort a state's fields by name)."""
+  variables = jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, nnx.Variable))
+  if len(variables) != len(shardings):
+    raise ValueError(f"{what}: {len(shardings)} shardings for {len(variables)} state leaves; derive them for this tx.")
+  for variable, sharding in zip(variables, shardings):
+    variable.value = shardopt.sharding.in_layout(variable.value, sharding)  # Auto or Explicit
+
+
 def nnx_tx(tx) -> shardopt.GradientTransformationExtraArgs:
   """``tx`` for ``nnx.Optimizer``: its ``init`` sees the params' arrays, not their Variables.
 
@@ -106,9 +117,8 @@ def create_nnx_optimizer(model_fn: Callable[[], nnx.Module], tx, param_shardings
     rest = nnx.state(model, nnx.Not(wrt))
     nnx.update(model, _constrain_leaves(rest, [replicated] * len(jax.tree.leaves(rest)), "model variables"))
     optimizer = nnx.Optimizer(model, tx, wrt=wrt)
-    opt_state = nnx.state(optimizer)  # {"opt_state": ..., "step": ...}: keys sorted, step last
-    shardings = jax.tree.leaves(opt_state_shardings) + [replicated]
-    nnx.update(optimizer, _constrain_leaves(opt_state, shardings, "optimizer state"))
+    _lay_out_variables(optimizer.opt_state, jax.tree.leaves(opt_state_shardings), "optimizer state")
+    _lay_out_variables(optimizer.step, [replicated], "optimizer step")
     return model, optimizer
 
   with jax.set_mesh(replicated.mesh):  # an Explicit mesh's layouts need it while tracing

@@ -58,6 +58,34 @@ def test_train_state_created_directly_sharded(axis_types):
   assert {s.data.shape for s in state.opt_state[0].mu["w"].addressable_shards} == {(8, 2)}
 
 
+_STATES_WITH_FIELDS_OUT_OF_NAME_ORDER = {
+    "adafactor": lambda: shardopt.adafactor(1e-2, min_dim_size_to_factor=4),  # v_row, v_col, v
+    "galore": lambda: shardopt.contrib.galore(1e-2, rank=2, update_proj_gap=2),  # (0, 0) leaves
+    "soap": lambda: shardopt.contrib.soap(1e-2, precondition_frequency=1),
+    "adamw 4-bit": lambda: shardopt.adamw(1e-2, state_bits=4),
+}
+
+
+@pytest.mark.parametrize("axis_types", ["auto", "explicit"])
+@pytest.mark.parametrize("name", list(_STATES_WITH_FIELDS_OUT_OF_NAME_ORDER))
+def test_nnx_optimizer_state_lands_on_its_derived_shardings(name, axis_types):
+  """Each state leaf of ``create_nnx_optimizer``'s optimizer on the sharding
+  ``shardopt.state_shardings`` derives for it, for states whose fields are
+  not in the order of their names (``nnx.state`` sorts them), and the
+  optimizer trains as the same transformation on the pure arrays."""
+  tx = _STATES_WITH_FIELDS_OUT_OF_NAME_ORDER[name]()
+  mesh = _mesh((2, 4), axis_types)
+  model, optimizer = _nnx(mesh, tx)
+  params = nnx.state(model, nnx.Param).to_pure_dict()
+  derived = shardopt.state_shardings(tx, params, _param_shardings(mesh))
+  variables = jax.tree.leaves(optimizer.opt_state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+  assert len(variables) == len(jax.tree.leaves(derived))
+  for variable, sharding in zip(variables, jax.tree.leaves(derived)):
+    assert variable.value.sharding.is_equivalent_to(sharding, variable.value.ndim), (
+        name, variable.value.shape, sharding)
+  assert np.all(np.isfinite(_train(model, optimizer, 2)))
+
+
 @pytest.mark.parametrize("axis_types", ["auto", "explicit"])
 def test_nnx_optimizer_sharded_save_restore_and_continue(tmp_path, axis_types):
   """On Auto and on Explicit axes (jax.make_mesh's default), where the state is laid out
