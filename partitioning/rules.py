@@ -12,6 +12,7 @@ error too (an ambiguity that rule order alone resolves); a final catch-all
 """
 
 import re
+from collections.abc import Mapping
 from typing import Any, Sequence
 
 import jax
@@ -29,6 +30,9 @@ _SCALAR = -1  # Stands for "no rule needed" in matching_rule's answer.
 
 
 def _compiled(rules: Rules) -> list[tuple[re.Pattern, PartitionSpec]]:
+  if isinstance(rules, Mapping):
+    raise PartitionError("Rules are a sequence of (regex, spec) pairs, tried in order (first match"
+                         " wins), not a mapping: pass list(rules.items()) to keep its order.")
   out = []
   for i, rule in enumerate(rules):
     if not (isinstance(rule, (tuple, list)) and len(rule) == 2):
@@ -38,6 +42,8 @@ def _compiled(rules: Rules) -> list[tuple[re.Pattern, PartitionSpec]]:
       out.append((re.compile(pattern), as_spec(spec)))
     except re.error as e:
       raise PartitionError(f"Rule {i}: pattern {pattern!r} is not a valid regex: {e}.") from None
+    except PartitionError as e:
+      raise PartitionError(f"Rule {i} ({pattern!r}): {e}") from None
   return out
 
 

@@ -84,8 +84,11 @@ def test_bad_rules_raise():
     match_partition_rules([("(", P())], PARAMS)
   with pytest.raises(PartitionError, match="Rule 0 is 'kernel': each rule is a \\(regex, spec\\) pair"):
     match_partition_rules(["kernel"], PARAMS)
-  with pytest.raises(PartitionError, match="Expected a PartitionSpec, a tuple of mesh axis names or None; got 'data'"):
-    match_partition_rules([("kernel", "data")], PARAMS)
+  with pytest.raises(PartitionError, match="Rule 1 \\('kernel'\\): Expected a PartitionSpec, a tuple of"
+                     " mesh axis names or None; got 'data'"):
+    match_partition_rules([("bias", P()), ("kernel", "data")], PARAMS)
+  with pytest.raises(PartitionError, match=r"not a mapping: pass list\(rules.items\(\)\)"):
+    match_partition_rules({"kernel": P("data"), ".*": P()}, PARAMS)
 
 
 def test_rule_table_shows_path_shape_rule_spec_and_unused_rules():
