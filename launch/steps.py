@@ -28,8 +28,7 @@ def _replicated(shardings):
   return NamedSharding(jax.tree.leaves(shardings)[0].mesh, P())
 
 
-def train_step(opt, loss_fn, extra_args=("value", "grad", "value_fn")
-               ) -> shardopt.sharding.TrainStep:
+def train_step(opt, loss_fn, extra_args: tuple[str, ...]) -> shardopt.sharding.TrainStep:
   """``(params, state, batch) -> (params, state, loss, norms)``, ``norms`` the
   dict of ``global_norms``; params and state donated (use only the returned
   ones); ``tx.update`` receives ``extra_args`` (``optim.update_arguments``).

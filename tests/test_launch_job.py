@@ -16,6 +16,7 @@ import checkpoints
 import partitioning
 import shardopt
 from launch import data
+from launch import optim
 from launch import report
 from launch import steps
 from launch import tensorboard
@@ -65,7 +66,7 @@ def test_train_step_norms_by_hand():
   opt = shardopt.make_sharded_optimizer(tx, {"w": w}, shardings, shard_state_over="data")
   params = jax.device_put({"w": jnp.array(w)}, shardings)
   loss_fn = lambda p, batch: 0.5 * jnp.sum(p["w"] ** 2) + 0 * jnp.sum(batch)
-  step = steps.train_step(opt, loss_fn)
+  step = steps.train_step(opt, loss_fn, optim.update_arguments("sgd"))
   new, _, loss, norms = step(params, opt.init(params), jnp.zeros((4,)))
   stats = steps.stats(loss, norms)
   assert set(stats) == set(steps.STATS)
@@ -91,7 +92,7 @@ def test_train_step_losses_equal_opt_train_step_bit_for_bit():
                                         shard_state_over="data")
   loss_fn = lambda p, tokens: next_token_loss(model, p, tokens)
   train_bytes = data.split(data.load_corpus())[0]
-  ours = steps.train_step(opt, loss_fn)
+  ours = steps.train_step(opt, loss_fn, optim.update_arguments("adamw"))
   losses = {}
   for name, step in (("opt", opt.train_step(loss_fn)), ("job", ours)):
     params = jax.jit(lambda key: model.init(key, jnp.zeros((1, SEQ_LEN - 1), jnp.int32))["params"],
