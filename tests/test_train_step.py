@@ -229,9 +229,9 @@ def _sharded(tx, axis_types="auto", zero="data", donate=True, hidden=HIDDEN):
   return opt, params, opt.init(params)
 
 
-def _reference_step(tx, loss_fn, has_aux=False):
+def _reference_step(tx, loss_fn, has_aux=False, extra_args=("value", "grad", "value_fn")):
   """The unsharded step by hand: ``jax.value_and_grad``, then ``tx.update``
-  with the extra arguments of a line search."""
+  with ``extra_args`` (by default those of a line search)."""
 
   @jax.jit
   def step(params, state, batch, *key):
@@ -239,9 +239,9 @@ def _reference_step(tx, loss_fn, has_aux=False):
     out, grads = jax.value_and_grad(value_fn, has_aux=has_aux)(params)
     value = out[0] if has_aux else out
     objective = (lambda p: value_fn(p)[0]) if has_aux else value_fn
-    extra = {"value": value, "grad": grads, "value_fn": objective, "obj_fn": objective}
+    offered = {"value": value, "grad": grads, "value_fn": objective, "obj_fn": objective}
     updates, state = shardopt.with_extra_args_support(tx).update(
-        grads, state, params, **extra)
+        grads, state, params, **{name: offered[name] for name in extra_args})
     return shardopt.apply_updates(params, updates), state, out
 
   return step
@@ -282,7 +282,7 @@ def test_sophia_trains_through_train_step_given_obj_fn(axis_types):
   tx = shardopt.contrib.sophia(1e-2, update_interval=1)
   opt, params, state = _sharded(tx, axis_types)
   train_step = opt.train_step(_mse, extra_args=("obj_fn",))
-  ref = _reference_step(tx, _mse)
+  ref = _reference_step(tx, _mse, extra_args=("obj_fn",))
   ref_params, ref_state = _mlp_params(), tx.init(_mlp_params())
   for step in range(3):
     params, state, loss = train_step(params, state, _mlp_batch(step))
