@@ -59,21 +59,15 @@ def create_train_state(apply_fn: Callable, init_params: Callable[[], Any], tx, p
   return jax.jit(init, out_shardings=shardings)()
 
 
-def _constrain_leaves(tree, shardings: list, what: str):
-  leaves, treedef = jax.tree.flatten(tree)
-  if len(leaves) != len(shardings):
-    raise ValueError(f"{what}: {len(shardings)} shardings for {len(leaves)} state leaves; derive them for this tx.")
-  leaves = [shardopt.sharding.in_layout(x, s) for x, s in zip(leaves, shardings)]  # Auto or Explicit
-  return jax.tree.unflatten(treedef, leaves)
-
-
 def _lay_out_variables(tree, shardings: list, what: str) -> None:
-  """Lays each ``nnx.Variable`` of ``tree`` out in its sharding, in the tree's own order
-  (``optimizer.opt_state`` keeps ``tx.init``'s structure, the order ``shardings`` are derived
-  in; ``nnx.state`` would sort a state's fields by name)."""
+  """Lays each ``nnx.Variable`` of ``tree`` out in its sharding, in place, in the tree's own
+  order (``nnx.state(model)`` holds the model's own Variables; ``optimizer.opt_state`` keeps
+  ``tx.init``'s structure, the order ``shardings`` are derived in, where ``nnx.state`` would
+  sort a state's fields by name)."""
   variables = jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, nnx.Variable))
   if len(variables) != len(shardings):
-    raise ValueError(f"{what}: {len(shardings)} shardings for {len(variables)} state leaves; derive them for this tx.")
+    raise ValueError(f"{what}: {len(shardings)} shardings for {len(variables)} leaves; give one sharding per "
+                     "leaf (the optimizer state's are derived for this tx when not given).")
   for variable, sharding in zip(variables, shardings):
     variable.value = shardopt.sharding.in_layout(variable.value, sharding)  # Auto or Explicit
 
@@ -112,10 +106,9 @@ def create_nnx_optimizer(model_fn: Callable[[], nnx.Module], tx, param_shardings
   @nnx.jit
   def init():
     model = model_fn()
-    params = nnx.state(model, wrt)
-    nnx.update(model, _constrain_leaves(params, jax.tree.leaves(param_shardings), "params"))
+    _lay_out_variables(nnx.state(model, wrt), jax.tree.leaves(param_shardings), "params")
     rest = nnx.state(model, nnx.Not(wrt))
-    nnx.update(model, _constrain_leaves(rest, [replicated] * len(jax.tree.leaves(rest)), "model variables"))
+    _lay_out_variables(rest, [replicated] * len(jax.tree.leaves(rest)), "model variables")
     optimizer = nnx.Optimizer(model, tx, wrt=wrt)
     _lay_out_variables(optimizer.opt_state, jax.tree.leaves(opt_state_shardings), "optimizer state")
     _lay_out_variables(optimizer.step, [replicated], "optimizer step")

@@ -9,19 +9,24 @@ different tree, an indivisible shape) is diagnosed by it on that error path.
 ``check_inputs`` names where the params or the state given to ``init``,
 ``update`` or a training step differ from the tree the optimizer was built
 for (a state of another optimizer, a param added or renamed); ``jit``
-rejects those before tracing, so it runs on that error path only.
+rejects those before tracing, so it runs on that error path only:
+``explained_rejection`` is the frame each jitted entry point (``init``,
+``update``, a training step) is called in.
 
 ``check_live`` runs on every call: a donated (deleted) array passed to a
 jitted step can crash the process in this jax version instead of raising, so
-the step refuses it first, saying it was donated.
+the step refuses it first, saying it was donated (a call inside another
+``jit`` passes tracers, which hold no buffer and are not checked).
 """
+
+import contextlib
 
 import jax
 from jax.tree_util import keystr
 from jax.tree_util import tree_flatten_with_path
 import numpy as np
 
-__all__ = ["check_grads", "check_inputs", "check_live"]
+__all__ = ["check_grads", "check_inputs", "check_live", "explained_rejection"]
 
 
 def _first_structure_difference(grads, params) -> str:
@@ -110,17 +115,37 @@ def check_inputs(param_shardings, params, state_shardings=None, state=None) -> N
                      " checkpoint); another optimizer's state needs that optimizer.")
 
 
+@contextlib.contextmanager
+def explained_rejection(param_shardings, params, state_shardings=None,
+                        state=None, grads=None):
+  """Runs its body (a call of a jitted entry point); inputs ``jit`` rejects
+  before tracing (``ValueError`` / ``TypeError``) are explained by
+  ``check_inputs`` (and ``check_grads`` when ``grads`` are given), which
+  raise naming where they differ; otherwise ``jit``'s error propagates."""
+  try:
+    yield
+  except (ValueError, TypeError):  # rejected before tracing: say why
+    check_inputs(param_shardings, params, state_shardings, state)
+    if grads is not None:
+      check_grads(grads, params)
+    raise
+
+
+def _is_deleted(x) -> bool:
+  return (isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+          and x.is_deleted())
+
+
 def check_live(what: str, **trees) -> None:
   """Raises RuntimeError naming every deleted (donated) array in ``trees``.
 
   ``what`` names the call, for the message (e.g. ``"opt.update"``).
   """
   leaves = [x for tree in trees.values() for x in jax.tree.leaves(tree)]
-  if not any(isinstance(x, jax.Array) and x.is_deleted() for x in leaves):
+  if not any(_is_deleted(x) for x in leaves):
     return
   dead = [f"{name}{keystr(path)}" for name, tree in trees.items()
-          for path, x in tree_flatten_with_path(tree)[0]
-          if isinstance(x, jax.Array) and x.is_deleted()]
+          for path, x in tree_flatten_with_path(tree)[0] if _is_deleted(x)]
   raise RuntimeError(
       f"{what} got deleted arrays: {', '.join(dead[:5])}"
       f"{f' and {len(dead) - 5} more' if len(dead) > 5 else ''}. They were "

@@ -15,7 +15,7 @@ import functools
 import jax
 from jax.sharding import AxisType
 
-__all__ = ["in_layout", "mesh_of", "typed", "update_in_layout"]
+__all__ = ["in_layout", "mesh_of", "typed", "under_mesh", "update_in_layout"]
 
 
 def mesh_of(shardings):
@@ -33,6 +33,21 @@ def in_layout(tree, shardings):
   if AxisType.Explicit in mesh_of(shardings).axis_types:
     return jax.sharding.reshard(tree, shardings)
   return jax.lax.with_sharding_constraint(tree, shardings)
+
+
+def under_mesh(fn, mesh):
+  """``fn`` traced with ``mesh``'s axes in context
+  (``jax.sharding.use_abstract_mesh``): what it traces (a loss, a
+  ``value_fn``) may name ``PartitionSpec``s without a mesh context of the
+  caller's, whether the jitted function is called eagerly or inside another
+  ``jit`` (where ``jax.set_mesh`` is refused)."""
+
+  @functools.wraps(fn)
+  def call(*args, **kwargs):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      return fn(*args, **kwargs)
+
+  return call
 
 
 def typed(fn, shardings):

@@ -29,6 +29,7 @@ error that says so.
 """
 
 from collections.abc import Callable
+import dataclasses
 from typing import Any
 from typing import NamedTuple
 
@@ -36,12 +37,13 @@ import jax
 
 from shardopt._src.tree_math import apply_updates
 from shardopt.sharding._boundary import check_grads
-from shardopt.sharding._boundary import check_inputs
 from shardopt.sharding._boundary import check_live
+from shardopt.sharding._boundary import explained_rejection
 from shardopt.sharding._derivation import StatePlan
 from shardopt.sharding._derivation import plan_state_shardings
 from shardopt.sharding._layouts import mesh_of
 from shardopt.sharding._layouts import typed
+from shardopt.sharding._layouts import under_mesh
 from shardopt.sharding._layouts import update_in_layout
 from shardopt.sharding._memory import in_memory
 from shardopt.sharding._memory import to_device
@@ -61,19 +63,18 @@ __all__ = [
 ]
 
 
-class ShardedInit(NamedTuple):
-  """``(params) -> state``, jitted (``jitted``); params of another tree than
-  ``param_shardings``' get an error naming where."""
+@dataclasses.dataclass(frozen=True, eq=False)
+class ShardedInit:
+  """``(params) -> state``, jitted (``jitted``), traced under the params'
+  mesh; params of another tree than ``param_shardings``' get an error naming
+  where."""
 
   jitted: Any
   param_shardings: Any
 
   def __call__(self, params):
-    try:
+    with explained_rejection(self.param_shardings, params):
       return self.jitted(params)
-    except (ValueError, TypeError):  # rejected before tracing: say why
-      check_inputs(self.param_shardings, params)
-      raise
 
   def lower(self, params):
     return self.jitted.lower(params)
@@ -90,7 +91,8 @@ def sharded_init(tx, param_shardings, state_shardings, *,
   comes out as the plan derived it.
   """
   layout = param_shardings if update_shardings is None else update_shardings
-  return ShardedInit(jax.jit(typed(tx.init, layout), in_shardings=(param_shardings,),
+  return ShardedInit(jax.jit(under_mesh(typed(tx.init, layout), mesh_of(layout)),
+                             in_shardings=(param_shardings,),
                              out_shardings=state_shardings), param_shardings)
 
 
@@ -104,7 +106,8 @@ def with_typed_init(tx, param_shardings):
   return type(tx)(typed(tx.init, param_shardings), tx.update)
 
 
-class ShardedUpdate(NamedTuple):
+@dataclasses.dataclass(frozen=True, eq=False)
+class ShardedUpdate:
   """``(grads, state, params, **extra_args) -> (new_params, new_state)``, jitted.
 
   Extra arguments (``value``, ``grad``, ``value_fn`` for line searches and
@@ -115,8 +118,9 @@ class ShardedUpdate(NamedTuple):
   ``lower`` lowers it from arguments given in optax's order. Params or a
   state of another tree than ``param_shardings`` / ``state_shardings`` get
   an error naming where. It is traced under the params' mesh
-  (``jax.set_mesh``), so a ``value_fn`` that names ``PartitionSpec``s needs
-  no mesh context of the caller's.
+  (``jax.sharding.use_abstract_mesh``), so a ``value_fn`` that names
+  ``PartitionSpec``s needs no mesh context of the caller's; it may be called
+  inside another ``jit``.
   """
 
   jitted: Any
@@ -125,17 +129,12 @@ class ShardedUpdate(NamedTuple):
 
   def __call__(self, grads, state, params, **extra_args):
     check_live("opt.update", grads=grads, state=state, params=params)
-    try:
-      with jax.set_mesh(mesh_of(self.param_shardings)):
-        return self.jitted(params, grads, state, *_split_extra_args(extra_args))
-    except (ValueError, TypeError):  # rejected before tracing: say why
-      check_inputs(self.param_shardings, params, self.state_shardings, state)
-      check_grads(grads, params)
-      raise
+    with explained_rejection(self.param_shardings, params,
+                             self.state_shardings, state, grads):
+      return self.jitted(params, grads, state, *_split_extra_args(extra_args))
 
   def lower(self, grads, state, params, **extra_args):
-    with jax.set_mesh(mesh_of(self.param_shardings)):
-      return self.jitted.lower(params, grads, state, *_split_extra_args(extra_args))
+    return self.jitted.lower(params, grads, state, *_split_extra_args(extra_args))
 
 
 def _split_extra_args(extra_args: dict) -> tuple[dict, tuple]:
@@ -168,7 +167,7 @@ def sharded_update(tx, param_shardings, state_shardings, *,
     return apply_updates(params, updates), to_home(new_state, state_shardings)
 
   return ShardedUpdate(jax.jit(
-      step,
+      under_mesh(step, mesh_of(param_shardings)),
       in_shardings=(param_shardings, param_shardings, state_shardings, None),
       out_shardings=(param_shardings, state_shardings),
       static_argnums=(4,),

@@ -34,16 +34,17 @@ and the update runs through ``update_in_layout``, like ``opt.update``.
 * ``metrics``: ``metrics(grads, updates, new_params)`` computed inside the
   program (e.g. ``global_norms``), returned as a fourth output, so the
   norms people plot cost no host sync of their own.
-* The step is traced under its params' mesh (``jax.set_mesh``), so a
-  ``loss_fn`` that names ``PartitionSpec``s (``out_sharding=P(...)``, as
-  Explicit axes need for some contractions) runs without a mesh context
-  of the caller's.
+* The step is traced under its params' mesh
+  (``jax.sharding.use_abstract_mesh``), so a ``loss_fn`` that names
+  ``PartitionSpec``s (``out_sharding=P(...)``, as Explicit axes need for
+  some contractions) runs without a mesh context of the caller's, and the
+  step may be called inside another ``jit``.
 """
 
 from collections.abc import Callable
+import dataclasses
 import functools
 from typing import Any
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -55,10 +56,11 @@ from shardopt._src.tree_math import apply_updates
 from shardopt._src.tree_math import global_norm
 from shardopt.sharding._batch import BatchLayout
 from shardopt.sharding._batch import batch_layout
-from shardopt.sharding._boundary import check_inputs
 from shardopt.sharding._boundary import check_live
+from shardopt.sharding._boundary import explained_rejection
 from shardopt.sharding._layouts import in_layout
 from shardopt.sharding._layouts import mesh_of
+from shardopt.sharding._layouts import under_mesh
 from shardopt.sharding._layouts import update_in_layout
 from shardopt.sharding._memory import to_device
 from shardopt.sharding._memory import to_home
@@ -73,7 +75,8 @@ def global_norms(grads, updates, new_params) -> dict[str, jax.Array]:
           "param_norm": global_norm(new_params)}
 
 
-class TrainStep(NamedTuple):
+@dataclasses.dataclass(frozen=True, eq=False)
+class TrainStep:
   """``(params, state, batch[, key]) -> (new_params, new_state, loss[,
   metrics])``, one jitted program (``jitted``: the ``jax.jit`` function,
   same signature). Each batch leaf is placed in its layout (``layout``)
@@ -98,17 +101,12 @@ class TrainStep(NamedTuple):
 
   def __call__(self, params, state, batch, key=None):
     arguments = self._arguments(params, state, batch, key)
-    try:
-      with jax.set_mesh(mesh_of(self.param_shardings)):
-        return self.jitted(*arguments)
-    except (ValueError, TypeError):  # rejected before tracing: say why
-      check_inputs(self.param_shardings, params, self.state_shardings, state)
-      raise
+    with explained_rejection(self.param_shardings, params,
+                             self.state_shardings, state):
+      return self.jitted(*arguments)
 
   def lower(self, params, state, batch, key=None):
-    arguments = self._arguments(params, state, batch, key)
-    with jax.set_mesh(mesh_of(self.param_shardings)):
-      return self.jitted.lower(*arguments)
+    return self.jitted.lower(*self._arguments(params, state, batch, key))
 
 
 def _accumulator_dtype(dtype):
@@ -250,7 +248,7 @@ def make_train_step(opt, loss_fn: Callable, *, has_aux: bool = False,
   out_shardings = (param_shardings, opt.state_shardings, loss_out) + (
       (replicated,) if metrics is not None else ())
   return TrainStep(jax.jit(
-      step, in_shardings=in_shardings,
+      under_mesh(step, mesh), in_shardings=in_shardings,
       out_shardings=out_shardings,
       donate_argnums=(0, 1) if opt.donate else (),
       keep_unused=True), layout, with_key, param_shardings, opt.state_shardings)
