@@ -213,6 +213,7 @@ def test_a_declared_min_bits_keeps_its_moment_at_8_bits_and_says_so():
 @pytest.mark.parametrize("label,fields", [
     ("contrib.simplified_ademamix", ("m", "n")),
     ("adadelta", ("e_x",)),
+    ("contrib.soap", ("mu",)),
 ])
 def test_moments_that_lose_accuracy_at_4_bits_declare_8(label, fields):
   from tests import catalogue

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from shardopt._src import base
+from shardopt._src import moments
 from shardopt._src import numerics
 from shardopt._src import state_structure
 from shardopt._src.transforms import scaling
@@ -32,6 +33,7 @@ __all__ = ["ShampooState", "scale_by_shampoo", "shampoo"]
 GRAFTING_TYPES = ("adagrad", "rmsprop", "sgd", "none")
 
 
+@moments.declare_moments(graft=moments.NONNEGATIVE, mu=moments.SIGNED)
 class ShampooState(NamedTuple):
   """State of ``scale_by_shampoo``; per param, ``()`` where a part is unused."""
 
