@@ -203,8 +203,10 @@ def plan_state_shardings(tx, params, param_shardings, *,
   if under:
     warnings.warn(
         "these optimizer-state leaves are less sharded than the param they "
-        "derive from (was the state built from a bare shape, e.g. "
-        "jnp.zeros(p.shape), instead of jnp.zeros_like(p)?): "
+        "derive from (state built from a bare shape, e.g. jnp.zeros(p.shape) "
+        "instead of jnp.zeros_like(p), loses its param's layout; Shampoo's "
+        "and SOAP's statistics are never split inside a block, so a "
+        "block_size that does not divide the shards leaves them so): "
         + ", ".join(under), ReplicatedStateWarning, stacklevel=2)
   shardings = jax.tree.unflatten(
       state_def, [NamedSharding(mesh, pl.spec) for pl in plans])
