@@ -153,7 +153,8 @@ def _read_arg(name: str, leaf):
   if sharding is None:
     raise ValueError(
         f"Restore target {name!r} has no sharding: pass a jax.ShapeDtypeStruct(shape, dtype, sharding=...) "
-        "built for the current mesh (or a jax.Array).")
+        "built for the current mesh (or a jax.Array); opt.init.eval_shape(params) gives a sharded "
+        "optimizer's state so (jax.eval_shape drops the shardings).")
   shape, dtype = leaf.shape, leaf.dtype
   if _is_key(leaf):
     data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(shape, dtype))

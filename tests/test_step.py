@@ -223,3 +223,30 @@ def test_a_user_value_fn_sees_the_params_in_their_own_layout():
     want = shardopt.apply_updates(want, updates)
   np.testing.assert_allclose(np.asarray(got["w"]), np.asarray(want["w"]),
                              rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("memory_kind", [None, "pinned_host"])
+@pytest.mark.parametrize("axis_types", ["auto", "explicit"])
+def test_init_eval_shape_gives_the_state_in_its_shardings(axis_types, memory_kind):
+  """``opt.init.eval_shape``: the state's shapes and dtypes as ``init``
+  makes them, each in its derived sharding and memory (a restore target),
+  from params given as arrays or as abstract values."""
+  mesh = partitioning.make_mesh({"data": 2, "model": 4}, axis_types=axis_types)
+  param_shardings = partitioning.named_shardings(mesh, SPECS)
+  opt = shardopt.make_sharded_optimizer(
+      shardopt.adamw(1e-2, state_bits=8), real_params(), param_shardings,
+      shard_state_over="data", state_memory_kind=memory_kind)
+  placed = jax.device_put(real_params(), param_shardings)
+  state = opt.init(placed)
+  abstract = jax.tree.map(lambda p, s: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=s),
+                          real_params(), param_shardings)
+  for params in (placed, abstract):
+    target = opt.init.eval_shape(params)
+    assert jax.tree.structure(target) == jax.tree.structure(state)
+    for got, leaf, sharding in zip(jax.tree.leaves(target), jax.tree.leaves(state),
+                                   jax.tree.leaves(opt.state_shardings)):
+      assert (got.shape, got.dtype) == (leaf.shape, leaf.dtype)
+      assert got.sharding.is_equivalent_to(sharding, leaf.ndim)
+      assert got.sharding.memory_kind == leaf.sharding.memory_kind
+  assert {x.sharding.memory_kind for x in jax.tree.leaves(target)} == {
+      memory_kind or "device"}

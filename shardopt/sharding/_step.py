@@ -67,7 +67,8 @@ __all__ = [
 class ShardedInit:
   """``(params) -> state``, jitted (``jitted``), traced under the params'
   mesh; params of another tree than ``param_shardings``' get an error naming
-  where."""
+  where. ``eval_shape`` gives the state as ``jax.ShapeDtypeStruct``s with
+  their shardings (a restore target; ``jax.eval_shape`` drops them)."""
 
   jitted: Any
   param_shardings: Any
@@ -75,6 +76,10 @@ class ShardedInit:
   def __call__(self, params):
     with explained_rejection(self.param_shardings, params):
       return self.jitted(params)
+
+  def eval_shape(self, params):
+    with explained_rejection(self.param_shardings, params):
+      return self.jitted.eval_shape(params)
 
   def lower(self, params):
     return self.jitted.lower(params)
