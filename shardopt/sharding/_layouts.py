@@ -7,7 +7,8 @@ its argument typed in given shardings on any mesh: on Auto axes through
 ``jax.sharding.explicit_axes``, so that code reading the types (the state's
 derivation, ``quantized_state``'s blocks) sees the same layout whatever the
 user's mesh is. ``update_in_layout`` is the one place where the sharded
-step hands ``tx.update`` its inputs in their update layout.
+step hands ``tx.update`` its inputs in their update layout. ``under_mesh``
+traces a jitted entry point with its mesh's axes in context.
 """
 
 import functools
