@@ -78,6 +78,29 @@ def test_a_donated_array_is_refused_with_the_reason():
   assert not new_params["w"].is_deleted()
 
 
+def test_one_array_passed_twice_to_a_donating_step_is_refused_naming_both():
+  """A donated use of an array that is also passed elsewhere (grads that
+  are the params, one array at two params) crashes the process in this jax
+  version; the step refuses it first, and without donation it runs."""
+  opt, params, state = _setup()
+  with pytest.raises(ValueError, match=re.escape(
+      "opt.update: grads['b'] is the same array as params['b'], which the call donates")):
+    opt.update(params, state, params)
+  with pytest.raises(ValueError, match=re.escape(
+      "train_step: params['w'] is the same array as params['b']")):
+    tied = {"b": params["b"], "w": params["b"]}
+    shardings = {"b": opt.param_shardings["b"], "w": opt.param_shardings["b"]}
+    tied_opt = shardopt.make_sharded_optimizer(shardopt.adam(0.1), tied, shardings)
+    tied_opt.train_step(_loss)(tied, tied_opt.init(tied), jnp.float32(1))
+  assert not any(x.is_deleted() for x in jax.tree.leaves((params, state)))
+  params, state = opt.update(jax.tree.map(jnp.ones_like, params), state, params)  # still usable
+  kept = shardopt.make_sharded_optimizer(shardopt.adam(0.1), params, opt.param_shardings,
+                                         donate=False)
+  new_params, _ = kept.update(params, kept.init(params), params)
+  np.testing.assert_allclose(np.asarray(new_params["w"]), np.asarray(params["w"]) - 0.1,
+                             rtol=1e-6)
+
+
 def test_readme_pattern_keeps_the_users_arrays():
   """Placing a copy, as the README example does, leaves the user's params
   alive (device_put alone would hand update the same buffers)."""

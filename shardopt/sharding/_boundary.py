@@ -17,6 +17,9 @@ rejects those before tracing, so it runs on that error path only:
 jitted step can crash the process in this jax version instead of raising, so
 the step refuses it first, saying it was donated (a call inside another
 ``jit`` passes tracers, which hold no buffer and are not checked).
+``check_unaliased`` runs on every call of a donating step: one array passed
+twice where a use is donated (gradients that are the params, one param at
+two paths, ``LookaheadParams.init_synced``'s pair) crashes it the same way.
 """
 
 import contextlib
@@ -26,7 +29,7 @@ from jax.tree_util import keystr
 from jax.tree_util import tree_flatten_with_path
 import numpy as np
 
-__all__ = ["check_grads", "check_inputs", "check_live", "explained_rejection"]
+__all__ = ["check_grads", "check_inputs", "check_live", "check_unaliased", "explained_rejection"]
 
 
 def _first_structure_difference(grads, params) -> str:
@@ -155,3 +158,36 @@ def check_live(what: str, **trees) -> None:
       "state that call returned; to keep your own copy, copy it first "
       "(jax.tree.map(jnp.copy, params)) or build the optimizer with "
       "donate=False.")
+
+
+def _arrays_with_paths(trees: dict):
+  for name, tree in trees.items():
+    for path, x in tree_flatten_with_path(tree)[0]:
+      if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
+        yield f"{name}{keystr(path)}", x
+
+
+def check_unaliased(what: str, donated: dict, others: dict) -> None:
+  """Raises ValueError naming the first array passed twice where a use of
+  it is in ``donated`` (trees by name, whose buffers the call consumes and
+  reuses for its results); ``others`` are the call's other inputs."""
+  leaves = [x for tree in (*donated.values(), *others.values())
+            for x in jax.tree.leaves(tree)]
+  if len({id(x) for x in leaves}) == len(leaves):
+    return  # the common case, without building paths
+  first = {}
+  for path, x in _arrays_with_paths(donated):
+    if id(x) in first:
+      return _raise_aliased(what, first[id(x)], path)
+    first[id(x)] = path
+  for path, x in _arrays_with_paths(others):
+    if id(x) in first:
+      return _raise_aliased(what, first[id(x)], path)
+
+
+def _raise_aliased(what: str, donated_path: str, other_path: str):
+  raise ValueError(
+      f"{what}: {other_path} is the same array as {donated_path}, which the call donates "
+      "(consumes, reusing its memory for the results while the other use still reads it). "
+      "Pass separate arrays (e.g. jax.tree.map(jnp.copy, ...) of one of them), or build the "
+      "optimizer with donate=False.")

@@ -38,6 +38,7 @@ import jax
 from shardopt._src.tree_math import apply_updates
 from shardopt.sharding._boundary import check_grads
 from shardopt.sharding._boundary import check_live
+from shardopt.sharding._boundary import check_unaliased
 from shardopt.sharding._boundary import explained_rejection
 from shardopt.sharding._derivation import StatePlan
 from shardopt.sharding._derivation import plan_state_shardings
@@ -122,7 +123,9 @@ class ShardedUpdate:
   ``(params, grads, state, arrays, callables) -> (new_params, new_state)``;
   ``lower`` lowers it from arguments given in optax's order. Params or a
   state of another tree than ``param_shardings`` / ``state_shardings`` get
-  an error naming where. It is traced under the params' mesh
+  an error naming where; with ``donated`` (the params and state consumed),
+  so does one array passed at two places of them or of the grads and extra
+  arguments. It is traced under the params' mesh
   (``jax.sharding.use_abstract_mesh``), so a ``value_fn`` that names
   ``PartitionSpec``s needs no mesh context of the caller's; it may be called
   inside another ``jit``.
@@ -131,9 +134,13 @@ class ShardedUpdate:
   jitted: Any
   param_shardings: Any
   state_shardings: Any
+  donated: bool
 
   def __call__(self, grads, state, params, **extra_args):
     check_live("opt.update", grads=grads, state=state, params=params)
+    if self.donated:
+      check_unaliased("opt.update", {"params": params, "state": state},
+                      {"grads": grads, **extra_args})
     with explained_rejection(self.param_shardings, params,
                              self.state_shardings, state, grads):
       return self.jitted(params, grads, state, *_split_extra_args(extra_args))
@@ -177,7 +184,7 @@ def sharded_update(tx, param_shardings, state_shardings, *,
       out_shardings=(param_shardings, state_shardings),
       static_argnums=(4,),
       donate_argnums=(0, 2) if donate else (),
-      keep_unused=True), param_shardings, state_shardings)
+      keep_unused=True), param_shardings, state_shardings, donate)
 
 
 class ShardedOptimizer(NamedTuple):

@@ -57,6 +57,7 @@ from shardopt._src.tree_math import global_norm
 from shardopt.sharding._batch import BatchLayout
 from shardopt.sharding._batch import batch_layout
 from shardopt.sharding._boundary import check_live
+from shardopt.sharding._boundary import check_unaliased
 from shardopt.sharding._boundary import explained_rejection
 from shardopt.sharding._layouts import in_layout
 from shardopt.sharding._layouts import mesh_of
@@ -81,13 +82,16 @@ class TrainStep:
   metrics])``, one jitted program (``jitted``: the ``jax.jit`` function,
   same signature). Each batch leaf is placed in its layout (``layout``)
   before the call. Params or a state of another tree than
-  ``param_shardings`` / ``state_shardings`` get an error naming where."""
+  ``param_shardings`` / ``state_shardings`` get an error naming where; with
+  ``donated`` (the params and state consumed), so does one array passed at
+  two places of them or of the batch."""
 
   jitted: Any
   layout: BatchLayout
   with_key: bool
   param_shardings: Any
   state_shardings: Any
+  donated: bool
 
   def _arguments(self, params, state, batch, key):
     if self.with_key != (key is not None):
@@ -96,6 +100,8 @@ class TrainStep:
           "as the fourth argument" if self.with_key else
           "train_step got a key but was built without with_key=True")
     check_live("train_step", params=params, state=state, batch=batch)
+    if self.donated:
+      check_unaliased("train_step", {"params": params, "state": state}, {"batch": batch})
     batch = jax.device_put(batch, self.layout.shardings(batch))
     return (params, state, batch) + ((key,) if self.with_key else ())
 
@@ -251,7 +257,8 @@ def make_train_step(opt, loss_fn: Callable, *, has_aux: bool = False,
       under_mesh(step, mesh), in_shardings=in_shardings,
       out_shardings=out_shardings,
       donate_argnums=(0, 1) if opt.donate else (),
-      keep_unused=True), layout, with_key, param_shardings, opt.state_shardings)
+      keep_unused=True), layout, with_key, param_shardings, opt.state_shardings,
+      opt.donate)
 
 
 def _loss_only(loss_fn, has_aux, with_key, params, batch, key):

@@ -42,8 +42,14 @@ class LookaheadParams(NamedTuple):
 
   @classmethod
   def init_synced(cls, params: base.Params) -> "LookaheadParams":
-    """A pair whose fast and slow params are both ``params``."""
-    return cls(fast=params, slow=params)
+    """A pair whose fast and slow params both equal ``params``: ``fast`` is
+    ``params``, ``slow`` a copy (a step that donates its inputs, such as
+    the sharded step, consumes each half)."""
+    return cls(fast=params, slow=jax.tree.map(_copy, params))
+
+
+def _copy(x):
+  return x.copy() if hasattr(x, "copy") else x
 
 
 def _pair_updates(fast_updates, sync, params: LookaheadParams, slow_step_size):
@@ -72,7 +78,9 @@ def lookahead(
 
   ``init`` takes a ``LookaheadParams`` (or the fast params alone);
   ``update`` needs the ``LookaheadParams`` and the gradients at
-  ``params.fast``. Every ``sync_period`` steps the slow params move
+  ``params.fast``, given alone or as the ``fast`` half of a
+  ``LookaheadParams`` (the gradient of a loss of the pair, as the sharded
+  step and ``train_step`` take it; its ``slow`` half is not read). Every ``sync_period`` steps the slow params move
   ``slow_step_size`` of the way to the fast ones and the fast params are
   reset to them. Do not change the returned updates before applying them,
   or the pair drifts apart.
@@ -107,8 +115,9 @@ def lookahead(
       raise ValueError(
           "lookahead: update needs params=LookaheadParams(fast=..., slow=...);"
           " build them with LookaheadParams.init_synced(params)")
+    fast_grads = updates.fast if isinstance(updates, LookaheadParams) else updates
     fast_updates, fast_state = fast_optimizer.update(
-        updates, state.fast_state, params.fast)
+        fast_grads, state.fast_state, params.fast)
     sync = state.steps_since_sync == sync_period - 1
     if reset_state:
       fresh = fast_optimizer.init(params.fast)
