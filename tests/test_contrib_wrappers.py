@@ -82,6 +82,45 @@ def test_schedule_free_eval_params():
     shardopt.contrib.schedule_free_eval_params(shardopt.EmptyState(), params)
 
 
+@pytest.mark.parametrize("axis_types", ["auto", "explicit"])
+def test_schedule_free_eval_params_of_a_zero_sharded_state_fit_the_model(axis_types):
+  """With ZeRO, ``z`` is split over ``data`` where the params are not; the
+  eval params come back in the params' layout on Explicit axes (eager and
+  inside a jitted loss that uses them), equal to those of the same run on
+  Auto axes."""
+  import partitioning
+
+  mesh = partitioning.make_mesh({"data": 4, "model": 2}, axis_types=axis_types)
+  specs = {"w": P(None, "model"), "scale": P()}
+  shardings = partitioning.named_shardings(mesh, specs)
+  init = {"w": jnp.linspace(-1.0, 1.0, 16 * 8).reshape(16, 8), "scale": jnp.ones(8)}
+  x = jax.device_put(jnp.linspace(0.0, 1.0, 32 * 16).reshape(32, 16),
+                     NamedSharding(mesh, P("data", None)))
+  loss = lambda p, x: jnp.mean((x @ p["w"] * p["scale"] - 1.0) ** 2)
+  opt = shardopt.make_sharded_optimizer(
+      shardopt.contrib.schedule_free_adamw(0.1, warmup_steps=2), init, shardings,
+      shard_state_over="data", min_shard_bytes=0)
+  params = jax.device_put(jax.tree.map(jnp.copy, init), shardings)
+  state = opt.init(params)
+  step = opt.train_step(loss)
+  for _ in range(3):
+    params, state, _ = step(params, state, x)
+  assert state.z["scale"].sharding.spec == P("data")  # split by ZeRO
+  evaluated = shardopt.contrib.schedule_free_eval_params(state, params)
+  if axis_types == "explicit":
+    for got, sharding in zip(jax.tree.leaves(evaluated), jax.tree.leaves(shardings)):
+      assert got.sharding.is_equivalent_to(sharding, got.ndim)
+  with jax.set_mesh(mesh):
+    value = jax.jit(lambda s, p, x: loss(shardopt.contrib.schedule_free_eval_params(s, p), x))(
+        state, params, x)
+  np.testing.assert_allclose(float(value), float(loss(jax.device_get(evaluated), jax.device_get(x))),
+                             rtol=1e-5)
+  b1 = float(state.b1)
+  recombined = jax.tree.map(lambda e, z: b1 * e + (1 - b1) * z, jax.device_get(evaluated),
+                            jax.device_get(state.z))
+  oracle.assert_trees_close(recombined, jax.device_get(params), rtol=1e-5, atol=1e-6)
+
+
 def test_split_real_and_imaginary_matches_optax_on_complex_params():
   keys = jax.random.split(jax.random.PRNGKey(0), 3)
   params = {"c": jax.random.normal(keys[0], (3, 4))

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from shardopt._src import base
 from shardopt._src import numerics
 from shardopt._src import tree_math
+from shardopt._src import typed_layouts
 from shardopt._src.aliases import gradient_descent
 from shardopt._src.transforms import rms
 from shardopt._src.transforms import scaling
@@ -49,13 +50,15 @@ def _x_from_y(y, z, b1):
 
 def schedule_free_eval_params(state: base.OptState, params: base.Params):
   """The params to evaluate at (the averaged sequence x) for the state of
-  ``schedule_free`` and the current params (the sequence y)."""
+  ``schedule_free`` and the current params (the sequence y), each in its
+  param's layout where Explicit axes type the params (``z`` may be split
+  otherwise, e.g. by ZeRO, and the model expects the params')."""
   b1, z = getattr(state, "b1", None), getattr(state, "z", None)
   if b1 is None or z is None:
     raise ValueError("schedule_free_eval_params needs the ScheduleFreeState "
                      "of schedule_free (it has fields b1 and z); got "
                      f"{type(state).__name__}")
-  return _x_from_y(params, z, b1)
+  return jax.tree.map(typed_layouts.laid_out_like, _x_from_y(params, z, b1), params)
 
 
 def _averaging_weight(lr, state, weight_lr_power):
