@@ -17,19 +17,20 @@ rejects those before tracing, so it runs on that error path only:
 jitted step can crash the process in this jax version instead of raising, so
 the step refuses it first, saying it was donated (a call inside another
 ``jit`` passes tracers, which hold no buffer and are not checked).
-``check_unaliased`` runs on every call of a donating step: one array passed
-twice where a use is donated (gradients that are the params, one param at
-two paths, ``LookaheadParams.init_synced``'s pair) crashes it the same way.
+In the same pass it refuses one array passed twice where a use is donated
+(gradients that are the params, one param at two paths), which crashes it
+the same way.
 """
 
 import contextlib
+from typing import NoReturn
 
 import jax
 from jax.tree_util import keystr
 from jax.tree_util import tree_flatten_with_path
 import numpy as np
 
-__all__ = ["check_grads", "check_inputs", "check_live", "check_unaliased", "explained_rejection"]
+__all__ = ["check_grads", "check_inputs", "check_live", "explained_rejection"]
 
 
 def _first_structure_difference(grads, params) -> str:
@@ -134,19 +135,31 @@ def explained_rejection(param_shardings, params, state_shardings=None,
     raise
 
 
+def _is_concrete_array(x) -> bool:
+  """An array with buffers (not a tracer of an enclosing ``jit``)."""
+  return isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+
+
 def _is_deleted(x) -> bool:
-  return (isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
-          and x.is_deleted())
+  return _is_concrete_array(x) and x.is_deleted()
 
 
-def check_live(what: str, **trees) -> None:
-  """Raises RuntimeError naming every deleted (donated) array in ``trees``.
+def check_live(what: str, donated: tuple[str, ...] = (), **trees) -> None:
+  """Raises RuntimeError naming every deleted (donated) array in ``trees``,
+  and ValueError naming an array passed twice where a use of it is in one
+  of the ``donated`` trees (those the call consumes). One flatten of the
+  inputs on every call; paths are built only for an error.
 
   ``what`` names the call, for the message (e.g. ``"opt.update"``).
   """
   leaves = [x for tree in trees.values() for x in jax.tree.leaves(tree)]
-  if not any(_is_deleted(x) for x in leaves):
-    return
+  if any(_is_deleted(x) for x in leaves):
+    _raise_deleted(what, trees)
+  if donated and len({id(x) for x in leaves}) != len(leaves):
+    _check_unaliased(what, donated, trees)
+
+
+def _raise_deleted(what: str, trees: dict) -> NoReturn:
   dead = [f"{name}{keystr(path)}" for name, tree in trees.items()
           for path, x in tree_flatten_with_path(tree)[0] if _is_deleted(x)]
   raise RuntimeError(
@@ -160,32 +173,22 @@ def check_live(what: str, **trees) -> None:
       "donate=False.")
 
 
-def _arrays_with_paths(trees: dict):
-  for name, tree in trees.items():
-    for path, x in tree_flatten_with_path(tree)[0]:
-      if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
-        yield f"{name}{keystr(path)}", x
+def _check_unaliased(what: str, donated: tuple[str, ...], trees: dict) -> None:
+  """Raises naming the first concrete array met again after a donated use
+  (the donated trees are read first)."""
+  donated_uses = {}
+  for name in [*donated, *(name for name in trees if name not in donated)]:
+    for path, x in tree_flatten_with_path(trees[name])[0]:
+      if not _is_concrete_array(x):
+        continue
+      where = f"{name}{keystr(path)}"
+      if id(x) in donated_uses:
+        _raise_aliased(what, donated_uses[id(x)], where)
+      if name in donated:
+        donated_uses[id(x)] = where
 
 
-def check_unaliased(what: str, donated: dict, others: dict) -> None:
-  """Raises ValueError naming the first array passed twice where a use of
-  it is in ``donated`` (trees by name, whose buffers the call consumes and
-  reuses for its results); ``others`` are the call's other inputs."""
-  leaves = [x for tree in (*donated.values(), *others.values())
-            for x in jax.tree.leaves(tree)]
-  if len({id(x) for x in leaves}) == len(leaves):
-    return  # the common case, without building paths
-  first = {}
-  for path, x in _arrays_with_paths(donated):
-    if id(x) in first:
-      return _raise_aliased(what, first[id(x)], path)
-    first[id(x)] = path
-  for path, x in _arrays_with_paths(others):
-    if id(x) in first:
-      return _raise_aliased(what, first[id(x)], path)
-
-
-def _raise_aliased(what: str, donated_path: str, other_path: str):
+def _raise_aliased(what: str, donated_path: str, other_path: str) -> NoReturn:
   raise ValueError(
       f"{what}: {other_path} is the same array as {donated_path}, which the call donates "
       "(consumes, reusing its memory for the results while the other use still reads it). "

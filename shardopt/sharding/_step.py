@@ -38,7 +38,6 @@ import jax
 from shardopt._src.tree_math import apply_updates
 from shardopt.sharding._boundary import check_grads
 from shardopt.sharding._boundary import check_live
-from shardopt.sharding._boundary import check_unaliased
 from shardopt.sharding._boundary import explained_rejection
 from shardopt.sharding._derivation import StatePlan
 from shardopt.sharding._derivation import plan_state_shardings
@@ -137,10 +136,8 @@ class ShardedUpdate:
   donated: bool
 
   def __call__(self, grads, state, params, **extra_args):
-    check_live("opt.update", grads=grads, state=state, params=params)
-    if self.donated:
-      check_unaliased("opt.update", {"params": params, "state": state},
-                      {"grads": grads, **extra_args})
+    check_live("opt.update", ("params", "state") if self.donated else (),
+               params=params, state=state, grads=grads, **extra_args)
     with explained_rejection(self.param_shardings, params,
                              self.state_shardings, state, grads):
       return self.jitted(params, grads, state, *_split_extra_args(extra_args))

@@ -57,7 +57,6 @@ from shardopt._src.tree_math import global_norm
 from shardopt.sharding._batch import BatchLayout
 from shardopt.sharding._batch import batch_layout
 from shardopt.sharding._boundary import check_live
-from shardopt.sharding._boundary import check_unaliased
 from shardopt.sharding._boundary import explained_rejection
 from shardopt.sharding._layouts import in_layout
 from shardopt.sharding._layouts import mesh_of
@@ -99,9 +98,8 @@ class TrainStep:
           "train_step was built with with_key=True: pass the step's PRNG key "
           "as the fourth argument" if self.with_key else
           "train_step got a key but was built without with_key=True")
-    check_live("train_step", params=params, state=state, batch=batch)
-    if self.donated:
-      check_unaliased("train_step", {"params": params, "state": state}, {"batch": batch})
+    check_live("train_step", ("params", "state") if self.donated else (),
+               params=params, state=state, batch=batch)
     batch = jax.device_put(batch, self.layout.shardings(batch))
     return (params, state, batch) + ((key,) if self.with_key else ())
 
