@@ -93,28 +93,35 @@ def create_nnx_optimizer(model_fn: Callable[[], nnx.Module], tx, param_shardings
                          opt_state_shardings: Any = None) -> tuple[nnx.Module, nnx.Optimizer]:
   """``(model, nnx.Optimizer)`` with params and optimizer state created on their shardings.
 
-  ``param_shardings`` matches ``nnx.state(model, wrt).to_pure_dict()``; other
-  model variables and the optimizer step are replicated. The optimizer state's
+  ``param_shardings`` matches ``nnx.state(model, wrt).to_pure_dict()`` (or is
+  that ``nnx.State``, e.g. from ``partitioning.specs_from_flax_metadata`` of the
+  model's annotations); other model variables and the optimizer step are
+  replicated. The model is created under the shardings' mesh (``jax.set_mesh``),
+  as variables annotated with ``nnx.with_partitioning`` need. The optimizer state's
   shardings are those of ``tx.init`` on the pure-dict params, in leaf order.
   """
-  abstract_params = nnx.state(nnx.eval_shape(model_fn), wrt).to_pure_dict()
-  if opt_state_shardings is None:
-    opt_state_shardings = _derived_state_shardings(tx, abstract_params, param_shardings)
-  tx = nnx_tx(shardopt.sharding.with_typed_init(tx, param_shardings))
+  if isinstance(param_shardings, nnx.State):
+    param_shardings = param_shardings.to_pure_dict()
   replicated = _replicated(param_shardings)
+  # Under the mesh: variables annotated with nnx.with_partitioning, and an Explicit mesh's
+  # layouts while tracing, need it.
+  with jax.set_mesh(replicated.mesh):
+    abstract_params = nnx.state(nnx.eval_shape(model_fn), wrt).to_pure_dict()
+    if opt_state_shardings is None:
+      opt_state_shardings = _derived_state_shardings(tx, abstract_params, param_shardings)
+    tx = nnx_tx(shardopt.sharding.with_typed_init(tx, param_shardings))
 
-  @nnx.jit
-  def init():
-    model = model_fn()
-    _lay_out_variables(nnx.state(model, wrt), jax.tree.leaves(param_shardings), "params")
-    rest = nnx.state(model, nnx.Not(wrt))
-    _lay_out_variables(rest, [replicated] * len(jax.tree.leaves(rest)), "model variables")
-    optimizer = nnx.Optimizer(model, tx, wrt=wrt)
-    _lay_out_variables(optimizer.opt_state, jax.tree.leaves(opt_state_shardings), "optimizer state")
-    _lay_out_variables(optimizer.step, [replicated], "optimizer step")
-    return model, optimizer
+    @nnx.jit
+    def init():
+      model = model_fn()
+      _lay_out_variables(nnx.state(model, wrt), jax.tree.leaves(param_shardings), "params")
+      rest = nnx.state(model, nnx.Not(wrt))
+      _lay_out_variables(rest, [replicated] * len(jax.tree.leaves(rest)), "model variables")
+      optimizer = nnx.Optimizer(model, tx, wrt=wrt)
+      _lay_out_variables(optimizer.opt_state, jax.tree.leaves(opt_state_shardings), "optimizer state")
+      _lay_out_variables(optimizer.step, [replicated], "optimizer step")
+      return model, optimizer
 
-  with jax.set_mesh(replicated.mesh):  # an Explicit mesh's layouts need it while tracing
     return init()
 
 

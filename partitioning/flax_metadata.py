@@ -7,6 +7,13 @@ gives an ``nn.LogicallyPartitioned`` whose ``names`` are logical axes
 ``[('batch', 'data'), ('embed', None), ('mlp', 'model')]``. A box is recognised
 by its attributes (``value``, ``names``, ``unbox``); a logical one also has
 ``rules``.
+
+Flax NNX keeps the annotation in each ``nnx.Variable``'s metadata
+(``nnx.with_partitioning(init, names)`` sets ``out_sharding``, optionally with
+``sharding_rules``), recognised by ``get_metadata`` and ``get_value``. As in
+``nnx.get_partition_spec``, a name that the rules (the variable's own and
+``logical_rules``) map is replaced by its mesh axes, any other name is a mesh
+axis itself.
 """
 
 from typing import Any, Sequence
@@ -27,6 +34,11 @@ _UNASSIGNED = object()
 def is_boxed(x: Any) -> bool:
   """A Flax partitioning box (``nn.Partitioned`` and subclasses)."""
   return all(hasattr(x, a) for a in ("value", "names", "unbox"))
+
+
+def _is_nnx_variable(x: Any) -> bool:
+  """A Flax NNX ``Variable`` (``nnx.Param`` and the others), annotated or not."""
+  return callable(getattr(x, "get_metadata", None)) and callable(getattr(x, "get_value", None))
 
 
 def _is_logical(box: Any) -> bool:
@@ -71,6 +83,32 @@ def _box_spec(path: str, box: Any, logical_rules: LogicalRules | None) -> Partit
     raise PartitionError(f"Param {path!r}: {e}") from None
 
 
+def _variable_spec(path: str, variable: Any, logical_rules: LogicalRules | None) -> PartitionSpec | None:
+  """An NNX variable's spec from its ``out_sharding``; None where it has none."""
+  metadata = variable.get_metadata()
+  names = metadata.get("out_sharding")
+  if not names:
+    return None
+  names = getattr(names, "spec", names)  # a NamedSharding given as the annotation
+  rules = dict(logical_rules or ())
+  for logical, mesh_axes in metadata.get("sharding_rules") or ():
+    if rules.get(logical, mesh_axes) != mesh_axes:
+      raise PartitionError(
+          f"Param {path!r}: its sharding_rules map {logical!r} to {mesh_axes!r}, logical_rules to "
+          f"{rules[logical]!r}; give one mapping per logical name.")
+    rules[logical] = mesh_axes
+  return PartitionSpec(*(rules[n] if isinstance(n, str) and n in rules else n for n in names))
+
+
+def _unboxed_and_spec(path: str, leaf: Any, logical_rules: LogicalRules | None) -> tuple[Any, Any]:
+  """A leaf's value and its spec from its metadata (None: it has none)."""
+  if is_boxed(leaf):
+    return leaf.value, _box_spec(path, leaf, logical_rules)
+  if _is_nnx_variable(leaf):
+    return leaf.get_value(), _variable_spec(path, leaf, logical_rules)
+  return leaf, None
+
+
 def specs_from_flax_metadata(
     params: Any,
     logical_rules: LogicalRules | None = None,
@@ -78,18 +116,19 @@ def specs_from_flax_metadata(
 ) -> tuple[Any, Any]:
   """Unboxes Flax params and reads their partitioning: ``(params, specs)``.
 
-  Boxed leaves get their spec from their names (through ``logical_rules`` for
-  logically partitioned ones, unless the box carries its own rules). Leaves
-  without metadata are partitioned by ``fallback_rules`` if given, else
-  replicated (``P()``), as Flax does.
+  ``params``: linen variables (``nn.Partitioned`` boxes) or an NNX state
+  (``nnx.state(model, nnx.Param)``, abstract from ``nnx.eval_shape`` or not);
+  both results keep its containers, each box or ``Variable`` replaced by its
+  value and by its spec. Boxed leaves get their spec from their names (through
+  ``logical_rules`` for logically partitioned ones, unless the box carries its
+  own rules). Leaves without metadata are partitioned by ``fallback_rules`` if
+  given, else replicated (``P()``), as Flax does.
   """
-  flat, treedef = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_boxed)
-  values = [leaf.value if is_boxed(leaf) else leaf for _, leaf in flat]
+  is_leaf = lambda x: is_boxed(x) or _is_nnx_variable(x)
+  flat, treedef = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_leaf)
+  pairs = [_unboxed_and_spec(param_path(kp), leaf, logical_rules) for kp, leaf in flat]
+  values, specs = [value for value, _ in pairs], [spec for _, spec in pairs]
   unboxed = jax.tree.unflatten(treedef, values)
-  specs = [
-      _box_spec(param_path(kp), leaf, logical_rules) if is_boxed(leaf) else None
-      for kp, leaf in flat
-  ]
   plain = [i for i, s in enumerate(specs) if s is None]
   if plain and fallback_rules is not None:
     plain_tree = {param_path(flat[i][0]): values[i] for i in plain}

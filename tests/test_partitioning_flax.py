@@ -1,6 +1,7 @@
 """Specs from Flax metadata of a real linen model: logical and mesh-axis partitioning."""
 
 import flax.linen as nn
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -87,3 +88,43 @@ def test_logical_to_spec_follows_flax_priorities():
     assert logical_to_spec(names, rules) == nn.logical_to_mesh_axes(names, rules)
   with pytest.raises(PartitionError, match=r"Logical names \('mlp', 'mlp'\) repeat \['mlp'\]"):
     logical_to_spec(("mlp", "mlp"), rules)
+
+
+_INIT = nnx.initializers.lecun_normal()
+
+
+class NnxMlp(nnx.Module):
+  """Annotated the NNX way: mesh axes, and logical names with rules of the variable's own."""
+
+  def __init__(self, rngs):
+    self.up = nnx.Linear(8, 16, rngs=rngs, kernel_init=nnx.with_partitioning(
+        _INIT, ("embed", "mlp"), sharding_rules=(("embed", None), ("mlp", "model"))))
+    self.down = nnx.Linear(16, 8, use_bias=False, rngs=rngs,
+                           kernel_init=nnx.with_partitioning(_INIT, ("model", "data")))
+    self.norm = nnx.LayerNorm(8, rngs=rngs)
+
+
+@pytest.mark.parametrize("abstract", [True, False])
+def test_specs_and_values_from_an_nnx_models_annotations(abstract):
+  mesh = make_mesh("data=2,model=4")
+  with jax.set_mesh(mesh):  # NNX creates annotated variables sharded, under a mesh
+    model = nnx.eval_shape(lambda: NnxMlp(nnx.Rngs(0))) if abstract else NnxMlp(nnx.Rngs(0))
+  state = nnx.state(model, nnx.Param)
+  params, specs = specs_from_flax_metadata(state)
+  assert specs.to_pure_dict() == {  # nnx.get_partition_spec's specs
+      "up": {"kernel": P(None, "model"), "bias": P()}, "down": {"kernel": P("model", "data")},
+      "norm": {"scale": P(), "bias": P()}} == nnx.get_partition_spec(state).to_pure_dict()
+  assert params.to_pure_dict()["up"]["kernel"] is state["up"]["kernel"].get_value()
+  validate_specs(params, specs, mesh)
+  shardings = named_shardings(mesh, specs).to_pure_dict()
+  assert shardings["down"]["kernel"].spec == P("model", "data")
+
+
+def test_nnx_rules_given_twice_must_agree_naming_the_param():
+  mesh = make_mesh("data=2,model=4")
+  with jax.set_mesh(mesh):
+    state = nnx.state(nnx.eval_shape(lambda: NnxMlp(nnx.Rngs(0))), nnx.Param)
+  _, specs = specs_from_flax_metadata(state, logical_rules=[("mlp", "model"), ("vocab", "data")])
+  assert specs["up"]["kernel"] == P(None, "model")
+  with pytest.raises(PartitionError, match=r"up/kernel.*'mlp' to 'model', logical_rules to 'data'"):
+    specs_from_flax_metadata(state, logical_rules=[("mlp", "data")])
