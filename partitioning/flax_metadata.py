@@ -22,7 +22,7 @@ import jax
 from jax.sharding import PartitionSpec
 
 from partitioning.rules import Rules, match_partition_rules
-from partitioning.specs import PartitionError, entry_axes, param_path
+from partitioning.specs import PartitionError, entry_axes, is_nnx_variable, param_path
 
 __all__ = ["LogicalRules", "is_boxed", "logical_to_spec", "specs_from_flax_metadata"]
 
@@ -34,11 +34,6 @@ _UNASSIGNED = object()
 def is_boxed(x: Any) -> bool:
   """A Flax partitioning box (``nn.Partitioned`` and subclasses)."""
   return all(hasattr(x, a) for a in ("value", "names", "unbox"))
-
-
-def _is_nnx_variable(x: Any) -> bool:
-  """A Flax NNX ``Variable`` (``nnx.Param`` and the others), annotated or not."""
-  return callable(getattr(x, "get_metadata", None)) and callable(getattr(x, "get_value", None))
 
 
 def _is_logical(box: Any) -> bool:
@@ -104,7 +99,7 @@ def _unboxed_and_spec(path: str, leaf: Any, logical_rules: LogicalRules | None) 
   """A leaf's value and its spec from its metadata (None: it has none)."""
   if is_boxed(leaf):
     return leaf.value, _box_spec(path, leaf, logical_rules)
-  if _is_nnx_variable(leaf):
+  if is_nnx_variable(leaf):
     return leaf.get_value(), _variable_spec(path, leaf, logical_rules)
   return leaf, None
 
@@ -124,7 +119,7 @@ def specs_from_flax_metadata(
   own rules). Leaves without metadata are partitioned by ``fallback_rules`` if
   given, else replicated (``P()``), as Flax does.
   """
-  is_leaf = lambda x: is_boxed(x) or _is_nnx_variable(x)
+  is_leaf = lambda x: is_boxed(x) or is_nnx_variable(x)
   flat, treedef = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_leaf)
   pairs = [_unboxed_and_spec(param_path(kp), leaf, logical_rules) for kp, leaf in flat]
   values, specs = [value for value, _ in pairs], [spec for _, spec in pairs]

@@ -71,10 +71,27 @@ def param_path(keypath: Sequence[Any]) -> str:
   return "/".join(_key_name(k) for k in keypath)
 
 
+def is_nnx_variable(x: Any) -> bool:
+  """A Flax NNX ``Variable`` (``nnx.Param`` and the others), recognised by its methods."""
+  return callable(getattr(x, "get_metadata", None)) and callable(getattr(x, "get_value", None))
+
+
 def leaves_with_paths(tree: Any, is_leaf=None) -> list[tuple[str, Any]]:
-  """``(path, leaf)`` pairs of a pytree, in flattening order."""
-  flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)
-  return [(param_path(kp), leaf) for kp, leaf in flat]
+  """``(path, leaf)`` pairs of a pytree, in flattening order.
+
+  A Flax NNX ``Variable`` is named by where it sits (``'l1/kernel'``, as in
+  ``nnx.state(model).to_pure_dict()`` and linen's params), not by its own
+  ``value`` field.
+  """
+  stop = lambda x: is_nnx_variable(x) or (is_leaf is not None and is_leaf(x))
+  pairs = []
+  for keypath, node in jax.tree_util.tree_flatten_with_path(tree, is_leaf=stop)[0]:
+    if is_nnx_variable(node) and not (is_leaf is not None and is_leaf(node)):
+      inner = jax.tree_util.tree_flatten_with_path(node, is_leaf=is_leaf)[0]
+      pairs += [(param_path(keypath + key[1:]), leaf) for key, leaf in inner]
+    else:
+      pairs.append((param_path(keypath), node))
+  return pairs
 
 
 def zip_specs(params: Any, specs: Any) -> list[tuple[str, Any, Any]]:

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import pytest
+from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from partitioning import (
@@ -10,9 +11,11 @@ from partitioning import (
     PartitionError,
     decoder_param_shapes,
     decoder_rules,
+    make_mesh,
     match_partition_rules,
     param_path,
     rule_table,
+    validate_specs,
 )
 
 PARAMS = {
@@ -154,3 +157,26 @@ def test_decoder_param_shapes():
   assert shapes["ln_f"]["scale"].dtype == jnp.bfloat16
   # 2 matrices of 64x16, and per layer 4 of 16x16, 3 of 16x32 and 2 scales of 16, plus ln_f.
   assert sum(x.size for x in jax.tree.leaves(shapes)) == 2 * 1024 + 2 * (4 * 256 + 3 * 512 + 32) + 16
+
+
+@pytest.mark.parametrize("abstract", [True, False])
+def test_rules_name_an_nnx_state_s_params_as_its_pure_dict_does(abstract):
+  """An ``nnx.Variable``'s path ends at the param (``l1/kernel``), not at its ``value``
+  field, so anchored rules match it and errors name it as the user wrote it."""
+  make = lambda: _NnxModel(nnx.Rngs(0))
+  state = nnx.state(nnx.eval_shape(make) if abstract else make(), nnx.Param)
+  rules = [(r"l1/kernel$", P(None, "model")), (r"l2/kernel$", P("model", None)), (r"bias$", P("model"))]
+  specs = match_partition_rules(rules, state)
+  assert specs.to_pure_dict() == match_partition_rules(rules, state.to_pure_dict())
+  assert specs.to_pure_dict()["l2"] == {"kernel": P("model", None), "bias": P("model")}
+  table = rule_table(rules, state)
+  assert "l1/kernel " in table and "/value" not in table and "match no param" not in table
+  with pytest.raises(PartitionError, match=r"l2/bias"):
+    validate_specs(state, match_partition_rules([(r"bias$", P("model")), (".*", P())], state),
+                   make_mesh("data=1,model=8"))  # 4 does not divide over 8
+
+
+class _NnxModel(nnx.Module):
+  def __init__(self, rngs):
+    self.l1 = nnx.Linear(4, 16, rngs=rngs)
+    self.l2 = nnx.Linear(16, 4, rngs=rngs)
