@@ -6,6 +6,10 @@ devices. A leaf's bytes on a device are its largest shard's: each dimension
 split ``ceil(size / ways)`` over the product of its mesh axes. Summing these is
 exact for NamedShardings: the mesh's first device holds the largest shard of
 every leaf. Leaves without a sharding count as replicated on every device.
+Leaves whose sharding's memory kind is host memory (``pinned_host``,
+``unpinned_host``: optimizer state offloaded between steps) are counted per
+device as well, and also apart, so a plan tells how much of a device's share
+is held in host memory rather than in the accelerator's.
 """
 
 import math
@@ -21,6 +25,7 @@ from partitioning.table import format_table
 __all__ = ["MemoryPlan", "TreeMemory", "format_bytes", "leaf_device_bytes", "memory_plan"]
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+HOST_MEMORY_KINDS = ("pinned_host", "unpinned_host")
 
 
 def format_bytes(n: float) -> str:
@@ -64,11 +69,13 @@ def _device_count(sharding: Any) -> int | None:
 
 
 class TreeMemory(NamedTuple):
-  """Bytes of one tree: unsharded, on the most loaded device, and ideal (total / N)."""
+  """Bytes of one tree: unsharded, on the most loaded device, and ideal (total / N);
+  ``host_bytes``: the part of ``per_device_bytes`` in host memory."""
 
   total_bytes: int
   per_device_bytes: int
   ideal_bytes: float
+  host_bytes: int = 0
 
   @property
   def ratio(self) -> float:
@@ -80,7 +87,12 @@ def _tree_memory(tree: Any, num_devices: int) -> TreeMemory:
   leaves = leaves_with_paths(tree)
   total = sum(math.prod(np.shape(x)) * x.dtype.itemsize for _, x in leaves)
   per_device = sum(leaf_device_bytes(x, path) for path, x in leaves)
-  return TreeMemory(total, per_device, total / num_devices)
+  host = sum(leaf_device_bytes(x, path) for path, x in leaves if _in_host_memory(x))
+  return TreeMemory(total, per_device, total / num_devices, host)
+
+
+def _in_host_memory(leaf: Any) -> bool:
+  return getattr(getattr(leaf, "sharding", None), "memory_kind", None) in HOST_MEMORY_KINDS
 
 
 class MemoryPlan(NamedTuple):
@@ -108,6 +120,9 @@ class MemoryPlan(NamedTuple):
          format_bytes(m.ideal_bytes), f"{m.ratio:.3f}")
         for name, m in rows
     ]
+    if any(m.host_bytes for _, m in rows):  # offloaded state: say how much of a share it is
+      header += ("of which in host memory",)
+      body = [row + (format_bytes(m.host_bytes),) for row, (_, m) in zip(body, rows)]
     return f"Memory plan on {self.num_devices} devices\n" + format_table(header, body, right_from=1)
 
 

@@ -9,6 +9,7 @@ import pytest
 from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+import shardopt
 from partitioning import (
     PartitionError,
     abstract_params,
@@ -122,3 +123,23 @@ def test_typed_prng_keys_count_their_key_data():
   assert plan.state.total_bytes == key_bytes + 8 * 16 * 4
   assert plan.state.per_device_bytes == max(
       resident_bytes_per_device(keys).values()) + 8 * 16 * 4
+
+
+def test_state_in_host_memory_is_counted_apart():
+  """An optimizer's state offloaded between steps (``state_memory_kind``): the plan of the
+  real arrays says how much of each device's share is in host memory, and the table shows it."""
+  mesh = make_mesh("data=2,model=4")
+  shardings = {"w": NamedSharding(mesh, P(None, "model")), "b": NamedSharding(mesh, P())}
+  params = jax.device_put({"w": jnp.ones((64, 128)), "b": jnp.ones(128)}, shardings)
+  opt = shardopt.make_sharded_optimizer(shardopt.adam(1e-3), params, shardings,
+                                        shard_state_over="data", state_memory_kind="pinned_host")
+  state = opt.init(params)
+  plan = memory_plan(params, state)
+  on_a_device = max(resident_bytes_per_device(state).values())
+  assert plan.state.host_bytes == plan.state.per_device_bytes == on_a_device
+  assert plan.state.host_bytes == 2 * (64 * 128 * 4 // 8 + 128 * 4) + 4  # mu, nu split 8 ways; count
+  assert plan.params.host_bytes == 0
+  lines = plan.table().splitlines()
+  assert lines[1].split()[-6:] == ["per-device/ideal", "of", "which", "in", "host", "memory"]
+  assert lines[-2].split()[-2:] == format_bytes(plan.state.host_bytes).split()
+  assert "host" not in memory_plan(params, params).table()
