@@ -246,10 +246,11 @@ def quantized_state(
   declared with the moment (``shardopt._src.moments``), never read from the
   values or a name, and so is a floor on the width: a moment whose state
   class declares ``min_bits=8`` (the momentum sum of
-  ``contrib.simplified_ademamix``, the centred second moment of
-  ``contrib.acprop``, Adadelta's average of squared steps: 41%, 27% and 25%
-  off their float-state updates at 4 bits) is stored at 8 bits under
-  ``bits=4``, and the report says so.
+  ``contrib.simplified_ademamix``, Adadelta's average of squared steps,
+  ``contrib.soap``'s first moment: 41%, 25% and 56% off their float-state
+  updates at 4 bits; through the table, the second moment of optax's
+  AdaBelief class, which also holds optax's AcProp) is stored at 8 bits
+  under ``bits=4``, and the report says so.
 
   Blocks and shards. When ``init`` is traced with the params typed by their
   layout (``shardopt.make_sharded_optimizer``, ``shardopt.state_shardings``
