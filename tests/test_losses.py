@@ -198,9 +198,8 @@ def test_bad_input_names_the_argument(call, error, words):
 _BATCH, _VOCAB = 16, 512
 
 
-def _sharded_batch():
-  mesh = jax.make_mesh((2, 4), ("data", "model"),
-                       axis_types=(jax.sharding.AxisType.Auto,) * 2)
+def _sharded_batch(axis_type=jax.sharding.AxisType.Auto):
+  mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(axis_type,) * 2)
   logits = jax.device_put(_normal(20, (_BATCH, _VOCAB), 3.0),
                           NamedSharding(mesh, P("data", "model")))
   labels = _ints(21, (_BATCH,), _VOCAB)
@@ -222,9 +221,12 @@ _SHARDED = {
 }
 
 
+@pytest.mark.parametrize("axis_type", [jax.sharding.AxisType.Auto, jax.sharding.AxisType.Explicit])
 @pytest.mark.parametrize("name", list(_SHARDED))
-def test_cross_entropy_on_sharded_vocabulary_gathers_no_logits(name):
-  mesh, logits, labels, soft = _sharded_batch()
+def test_cross_entropy_on_sharded_vocabulary_gathers_no_logits(name, axis_type):
+  """On Auto axes and on Explicit ones (where optax's integer-label loss raises
+  ShardingTypeError: a gather along the sharded vocabulary)."""
+  mesh, logits, labels, soft = _sharded_batch(axis_type)
   loss = jax.jit(_SHARDED[name],
                  out_shardings=NamedSharding(mesh, P("data")))
   hlo = loss.lower(logits, labels, soft).compile().as_text()
@@ -242,10 +244,11 @@ def test_cross_entropy_on_sharded_vocabulary_gathers_no_logits(name):
   host = [jax.device_get(x) for x in (logits, labels, soft)]
   np.testing.assert_allclose(got, _SHARDED[name](*host), rtol=_RTOL,
                              atol=_ATOL)
-  np.testing.assert_allclose(
-      got, getattr(optax.losses, name)(
-          host[0], host[1] if "integer" in name else host[2]),
-      rtol=1e-5, atol=1e-5)
+  reference = lambda lo: getattr(optax.losses, name)(lo, host[1] if "integer" in name else host[2])
+  np.testing.assert_allclose(got, reference(host[0]), rtol=1e-5, atol=1e-5)
+  grads = jax.jit(jax.grad(lambda lo: jnp.sum(_SHARDED[name](lo, labels, soft))))(logits)
+  np.testing.assert_allclose(grads, jax.grad(lambda lo: jnp.sum(reference(lo)))(host[0]),
+                             rtol=1e-5, atol=1e-6)
 
 
 # --- bit-equal to optax under jit: values and gradients ---------------------

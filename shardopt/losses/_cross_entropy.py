@@ -6,7 +6,11 @@ bit-equal to optax's under ``jax.jit`` (tests/test_losses.py). With the class
 (vocabulary) axis sharded over an Auto mesh axis the compiled loss
 all-reduces per-example values and never gathers the logits: the reductions
 are ``jnp`` reductions, and XLA partitions the label's ``take_along_axis``
-by masking each shard's indices.
+by masking each shard's indices. Over Explicit mesh axes (``jax.make_mesh``'s
+default), where a gather along a sharded axis has no sharding rule and
+optax's loss raises ``ShardingTypeError``, the label's logit is that mask
+written out: a sum over the class axis of the logits where the class is the
+label (the same value: one term and zeros).
 """
 
 import jax
@@ -134,8 +138,17 @@ def _merge_class_axes(logits, where, axes: tuple[int, ...]):
 
 def _label_logit(logits, labels, axis: int):
   """``logits`` at ``labels`` along ``axis`` (the axis dropped)."""
+  if _split_over_explicit_axes(logits, axis):
+    classes = jax.lax.broadcasted_iota(labels.dtype, logits.shape, axis)
+    return jnp.sum(jnp.where(classes == jnp.expand_dims(labels, axis), logits, 0), axis=axis)
   picked = jnp.take_along_axis(logits, jnp.expand_dims(labels, axis), axis=axis)
   return picked.take(0, axis=axis)
+
+
+def _split_over_explicit_axes(x, axis: int) -> bool:
+  """Whether ``x``'s type splits ``axis`` over mesh axes (Explicit axes type it)."""
+  spec = getattr(jax.typeof(x).sharding, "spec", None) or ()
+  return axis < len(spec) and spec[axis] is not None
 
 
 def softmax_cross_entropy_with_integer_labels(logits, labels, axis: int | tuple[int, ...] = -1,
