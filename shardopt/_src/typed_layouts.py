@@ -67,6 +67,13 @@ def explicit_sharding(x) -> NamedSharding | None:
   return None
 
 
+def split_along(x, axis: int) -> bool:
+  """Whether ``x``'s type splits dimension ``axis`` over mesh axes (Explicit
+  axes type it so; on Auto axes and outside a mesh it does not)."""
+  spec = getattr(jax.typeof(x).sharding, "spec", None) or ()
+  return axis < len(spec) and spec[axis] is not None
+
+
 def whole(x):
   """``x`` unsplit on every device where its type splits it over Explicit
   axes (operations such as ``jnp.linalg.svd`` refuse split operands there);

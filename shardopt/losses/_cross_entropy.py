@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.special
 
+from shardopt._src import typed_layouts
 from shardopt.losses import _checks
 
 __all__ = [
@@ -138,17 +139,11 @@ def _merge_class_axes(logits, where, axes: tuple[int, ...]):
 
 def _label_logit(logits, labels, axis: int):
   """``logits`` at ``labels`` along ``axis`` (the axis dropped)."""
-  if _split_over_explicit_axes(logits, axis):
+  if typed_layouts.split_along(logits, axis):
     classes = jax.lax.broadcasted_iota(labels.dtype, logits.shape, axis)
     return jnp.sum(jnp.where(classes == jnp.expand_dims(labels, axis), logits, 0), axis=axis)
   picked = jnp.take_along_axis(logits, jnp.expand_dims(labels, axis), axis=axis)
   return picked.take(0, axis=axis)
-
-
-def _split_over_explicit_axes(x, axis: int) -> bool:
-  """Whether ``x``'s type splits ``axis`` over mesh axes (Explicit axes type it)."""
-  spec = getattr(jax.typeof(x).sharding, "spec", None) or ()
-  return axis < len(spec) and spec[axis] is not None
 
 
 def softmax_cross_entropy_with_integer_labels(logits, labels, axis: int | tuple[int, ...] = -1,

@@ -56,6 +56,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from shardopt._src import typed_layouts
+
 __all__ = [
     "CODES",
     "CodeBook",
@@ -298,7 +300,7 @@ def pack(index, axis: int):
   as long on one H200, with the halves 2.69-3.31x on XLA:CPU:
   ``benchmarks/results/backend_forms*.md``).
   """
-  if _sharded_along(index, axis):
+  if typed_layouts.split_along(index, axis):
     return _pack_halves(index, axis)
   return jax.lax.platform_dependent(
       index, cpu=lambda i: _pack_by_window_sum(i, axis),
@@ -332,12 +334,6 @@ def _pack_by_window_sum(index, axis: int):
                                window_dilation=dilation)
 
 
-def _sharded_along(x, axis: int) -> bool:
-  """Whether ``x``'s sharding type splits ``axis`` over mesh axes."""
-  spec = getattr(jax.typeof(x).sharding, "spec", None) or ()
-  return axis < len(spec) and spec[axis] is not None
-
-
 def unpack(packed, axis: int, in_loops: bool = True):
   """Inverse of ``pack``: ``axis`` doubles in length.
 
@@ -352,7 +348,7 @@ def unpack(packed, axis: int, in_loops: bool = True):
   float32's time with it and 1.59x without, the dynamic code's 2.83x with it
   and 2.02x without (``benchmarks/results/backend_forms_gpu.md``).
   """
-  if _sharded_along(packed, axis) or not in_loops:
+  if typed_layouts.split_along(packed, axis) or not in_loops:
     return _unpack_concatenated(packed, axis)
   return jax.lax.platform_dependent(
       packed, cpu=lambda p: _unpack_concatenated(p, axis),
