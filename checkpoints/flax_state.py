@@ -3,10 +3,13 @@
 ``create_train_state`` (linen) and ``create_nnx_optimizer`` (nnx) run the param
 and optimizer-state initialisation inside one jit whose outputs land on the
 given shardings, so no device ever holds the whole state. The optimizer-state
-shardings come from ``shardopt.state_shardings(tx, params, param_shardings)``
-unless given, and ``tx.init`` is traced on the params typed in their layout
-(``shardopt.sharding.with_typed_init``), as that derivation was, so state
-whose shape follows its layout (8-bit blocks) comes out as derived.
+shardings come from ``shardopt.sharding.plan_state_shardings`` (ZeRO with
+``shard_state_over``) unless given, and ``tx`` is laid out as the sharded step
+lays it out (``shardopt.sharding.with_update_layout``): ``init`` traced on the
+params typed in their update layout, as that derivation was, so state whose
+shape follows its layout (8-bit blocks) comes out as derived, and ``update``
+given gradients and params in that layout, its updates returned in the
+params'.
 """
 
 from typing import Any, Callable
@@ -23,8 +26,13 @@ __all__ = ["create_nnx_optimizer", "create_train_state", "nnx_checkpoint_state",
            "nnx_tx"]
 
 
-def _derived_state_shardings(tx, abstract_params, param_shardings):
-  return shardopt.state_shardings(tx, abstract_params, param_shardings)
+def _laid_out(tx, abstract_params, param_shardings, shard_state_over):
+  """``tx`` laid out as the sharded step lays it out
+  (``shardopt.sharding.with_update_layout``) and its state's derived shardings."""
+  plan = shardopt.sharding.plan_state_shardings(tx, abstract_params, param_shardings,
+                                                shard_state_over=shard_state_over)
+  plan.warn_zero_skipped(stacklevel=3)
+  return shardopt.sharding.with_update_layout(tx, param_shardings, plan.update_shardings), plan.shardings
 
 
 def _replicated(param_shardings) -> NamedSharding:
@@ -33,8 +41,15 @@ def _replicated(param_shardings) -> NamedSharding:
 
 
 def create_train_state(apply_fn: Callable, init_params: Callable[[], Any], tx, param_shardings: Any, *,
-                       opt_state_shardings: Any = None) -> train_state.TrainState:
+                       opt_state_shardings: Any = None,
+                       shard_state_over: str | None = None) -> train_state.TrainState:
   """A linen ``TrainState`` whose params and opt_state are created on their shardings.
+
+  The state's ``tx`` is ``tx`` laid out as the sharded step lays it out
+  (``shardopt.sharding.with_update_layout``): ``apply_gradients``, in the
+  user's ``jit``, hands ``tx.update`` the gradients and params in their update
+  layout and returns the new params in ``param_shardings``, on Auto and
+  Explicit axes, with or without ZeRO.
 
   Args:
     apply_fn: the model's apply function (static in the state).
@@ -43,16 +58,18 @@ def create_train_state(apply_fn: Callable, init_params: Callable[[], Any], tx, p
     tx: the gradient transformation (a shardopt or optax one).
     param_shardings: a tree of ``NamedSharding`` matching the params.
     opt_state_shardings: the optimizer state's shardings; derived with
-      ``shardopt.state_shardings`` when None.
+      ``shardopt.sharding.plan_state_shardings`` when None.
+    shard_state_over: the ZeRO mesh axis (as in
+      ``shardopt.make_sharded_optimizer``): the state of every large param
+      split over it as well.
   """
-  typed_tx = shardopt.sharding.with_typed_init(tx, param_shardings)
+  abstract_params = jax.eval_shape(init_params)
+  laid_out_tx, derived = _laid_out(tx, abstract_params, param_shardings, shard_state_over)
+  opt_state_shardings = derived if opt_state_shardings is None else opt_state_shardings
 
   def init():
-    return train_state.TrainState.create(apply_fn=apply_fn, params=init_params(), tx=typed_tx)
+    return train_state.TrainState.create(apply_fn=apply_fn, params=init_params(), tx=laid_out_tx)
 
-  abstract_params = jax.eval_shape(init_params)
-  if opt_state_shardings is None:
-    opt_state_shardings = _derived_state_shardings(tx, abstract_params, param_shardings)
   abstract = jax.eval_shape(init)
   shardings = abstract.replace(step=_replicated(param_shardings), params=param_shardings,
                                opt_state=opt_state_shardings)
@@ -90,7 +107,8 @@ def nnx_tx(tx) -> shardopt.GradientTransformationExtraArgs:
 
 
 def create_nnx_optimizer(model_fn: Callable[[], nnx.Module], tx, param_shardings: Any, *, wrt=nnx.Param,
-                         opt_state_shardings: Any = None) -> tuple[nnx.Module, nnx.Optimizer]:
+                         opt_state_shardings: Any = None,
+                         shard_state_over: str | None = None) -> tuple[nnx.Module, nnx.Optimizer]:
   """``(model, nnx.Optimizer)`` with params and optimizer state created on their shardings.
 
   ``param_shardings`` matches ``nnx.state(model, wrt).to_pure_dict()`` (or is
@@ -98,7 +116,9 @@ def create_nnx_optimizer(model_fn: Callable[[], nnx.Module], tx, param_shardings
   model's annotations); other model variables and the optimizer step are
   replicated. The model is created under the shardings' mesh (``jax.set_mesh``),
   as variables annotated with ``nnx.with_partitioning`` need. The optimizer state's
-  shardings are those of ``tx.init`` on the pure-dict params, in leaf order.
+  shardings are those of ``tx.init`` on the pure-dict params, in leaf order;
+  ``shard_state_over`` splits it over a ZeRO axis as ``create_train_state``
+  does, and the optimizer's ``tx`` is laid out as there.
   """
   if isinstance(param_shardings, nnx.State):
     param_shardings = param_shardings.to_pure_dict()
@@ -107,9 +127,9 @@ def create_nnx_optimizer(model_fn: Callable[[], nnx.Module], tx, param_shardings
   # layouts while tracing, need it.
   with jax.set_mesh(replicated.mesh):
     abstract_params = nnx.state(nnx.eval_shape(model_fn), wrt).to_pure_dict()
-    if opt_state_shardings is None:
-      opt_state_shardings = _derived_state_shardings(tx, abstract_params, param_shardings)
-    tx = nnx_tx(shardopt.sharding.with_typed_init(tx, param_shardings))
+    laid_out_tx, derived = _laid_out(tx, abstract_params, param_shardings, shard_state_over)
+    opt_state_shardings = derived if opt_state_shardings is None else opt_state_shardings
+    tx = nnx_tx(laid_out_tx)
 
     @nnx.jit
     def init():

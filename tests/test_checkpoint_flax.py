@@ -194,6 +194,81 @@ def test_train_state_with_8bit_state_has_the_derived_blocks():
     assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim)
 
 
+
+def _linen_loss(params, x):
+  return jnp.mean(jnp.tanh(x @ params["w"] + params["b"]) ** 2)
+
+
+_ZERO_TXS = {"float": lambda: shardopt.adamw(1e-2), "8-bit": lambda: shardopt.adamw(1e-2, state_bits=8),
+             "4-bit": lambda: shardopt.adamw(1e-2, state_bits=4)}
+
+
+@pytest.mark.parametrize("state", list(_ZERO_TXS))
+@pytest.mark.parametrize("axis_types", ["auto", "explicit"])
+def test_train_state_with_zero_trains_in_a_users_jit_and_keeps_the_params_layout(axis_types, state):
+  """``create_train_state(..., shard_state_over="data")``: the state split over ``data`` as
+  well (bytes on a device from its shards), and ``apply_gradients`` in the user's own ``jit``
+  trains with the params staying in their shardings: on Explicit axes a ZeRO-laid-out update
+  could not be added to them; on Auto axes the partitioner gave the params the state's layout."""
+  mesh = _mesh((2, 4), axis_types)
+  shardings = {"w": NamedSharding(mesh, P(None, "b")), "b": NamedSharding(mesh, P())}
+  params = {"w": jax.random.normal(jax.random.key(0), (64, 128)) / 8, "b": jnp.zeros(128)}
+  tx = _ZERO_TXS[state]()
+  train = ck.create_train_state(None, lambda: params, tx, shardings, shard_state_over="a")
+  mu = train.opt_state[0].mu["w"]
+  for leaf in jax.tree.leaves(mu):  # split 8 ways: over 'a' (ZeRO) and 'b' (the param's)
+    assert {s.data.nbytes for s in leaf.addressable_shards} == {leaf.nbytes // 8}
+
+  @jax.jit
+  def step(train, x):
+    loss, grads = jax.value_and_grad(_linen_loss)(train.params, x)
+    return train.apply_gradients(grads=grads), loss
+
+  reference, reference_state, losses = params, tx.init(params), []
+  x = jax.random.normal(jax.random.key(1), (16, 64))
+  with jax.set_mesh(mesh):
+    for _ in range(3):
+      train, loss = step(train, x)
+      losses.append(float(loss))
+      grads = jax.grad(_linen_loss)(reference, x)
+      updates, reference_state = tx.update(grads, reference_state, reference)
+      reference = shardopt.apply_updates(reference, updates)
+  for name, sharding in shardings.items():
+    assert train.params[name].sharding.is_equivalent_to(sharding, train.params[name].ndim), name
+  if state == "float":  # the quantized blocks differ from one device's (fitted to the shards)
+    np.testing.assert_allclose(train.params["w"], reference["w"], rtol=1e-5, atol=1e-6)
+  assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("axis_types", ["auto", "explicit"])
+def test_nnx_optimizer_with_zero(axis_types):
+  """``create_nnx_optimizer(..., shard_state_over=...)``: the moments split over the ZeRO axis
+  too, the params keep their shardings through ``nnx.Optimizer.update`` in ``nnx.jit``, and
+  the losses equal those without ZeRO."""
+  mesh = _mesh((2, 4), axis_types)
+  shardings = {"dense": {"kernel": NamedSharding(mesh, P(None, "b")), "bias": NamedSharding(mesh, P("b"))}}
+
+  def trained(**zero):
+    model, optimizer = ck.create_nnx_optimizer(lambda: _WideModel(nnx.Rngs(0)), shardopt.adamw(1e-2),
+                                               shardings, **zero)
+
+    @nnx.jit
+    def step(model, optimizer, x):
+      loss, grads = nnx.value_and_grad(lambda m: jnp.mean(jnp.tanh(m(x)) ** 2))(model)
+      optimizer.update(model, grads)
+      return loss
+
+    with jax.set_mesh(mesh):
+      losses = [float(step(model, optimizer, jnp.full((4, 256), 0.1))) for _ in range(3)]
+    return model, optimizer, losses
+
+  model, optimizer, losses = trained(shard_state_over="a")
+  mu = optimizer.opt_state[0].mu["dense"]["kernel"].get_value()
+  assert mu.sharding.spec == P("a", "b")
+  assert {s.data.shape for s in mu.addressable_shards} == {(128, 16)}
+  assert model.dense.kernel.get_value().sharding.is_equivalent_to(shardings["dense"]["kernel"], 2)
+  np.testing.assert_allclose(losses, trained()[2], rtol=1e-6)
+
 class _WideModel(nnx.Module):
   """A kernel of 16,384 elements: above quantized_state's min_size."""
 

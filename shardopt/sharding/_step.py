@@ -35,12 +35,15 @@ from typing import NamedTuple
 
 import jax
 
+from shardopt._src.base import GradientTransformationExtraArgs
+from shardopt._src.base import with_extra_args_support
 from shardopt._src.tree_math import apply_updates
 from shardopt.sharding._boundary import check_grads
 from shardopt.sharding._boundary import check_live
 from shardopt.sharding._boundary import explained_rejection
 from shardopt.sharding._derivation import StatePlan
 from shardopt.sharding._derivation import plan_state_shardings
+from shardopt.sharding._layouts import in_layout
 from shardopt.sharding._layouts import mesh_of
 from shardopt.sharding._layouts import typed
 from shardopt.sharding._layouts import under_mesh
@@ -60,6 +63,7 @@ __all__ = [
     "sharded_init",
     "sharded_update",
     "with_typed_init",
+    "with_update_layout",
 ]
 
 
@@ -109,6 +113,33 @@ def with_typed_init(tx, param_shardings):
   (``quantized_state``'s blocks) comes out as ``state_shardings`` derived
   it. ``update`` is ``tx``'s own."""
   return type(tx)(typed(tx.init, param_shardings), tx.update)
+
+
+def with_update_layout(tx, param_shardings, update_shardings=None
+                       ) -> GradientTransformationExtraArgs:
+  """``tx`` for a framework that calls ``init`` and ``update`` inside its own
+  ``jit`` (Flax's ``TrainState.apply_gradients``, ``nnx.Optimizer.update``),
+  laid out as the sharded step lays it out: ``init`` traced on the params
+  typed in ``update_shardings`` (a ZeRO plan's ``update_shardings``; default
+  the params' own), ``update`` handed the gradients and params in that layout
+  and its updates returned in ``param_shardings``, so the new params keep
+  their layout (on Explicit axes the sum of a param and an update laid out
+  for ZeRO would not; on Auto axes the partitioner would choose one). The
+  trees may be any containers with the params' leaves in order (an
+  ``nnx.State``)."""
+  tx = with_extra_args_support(tx)
+  layout = param_shardings if update_shardings is None else update_shardings
+
+  def update(grads, state, params=None, **extra_args):
+    ordered = lambda shardings: jax.tree.unflatten(jax.tree.structure(grads),
+                                                   jax.tree.leaves(shardings))
+    if params is None:
+      updates, state = tx.update(in_layout(grads, ordered(layout)), state, None, **extra_args)
+      return in_layout(updates, ordered(param_shardings)), state
+    return update_in_layout(tx, grads, state, params, ordered(layout),
+                            ordered(param_shardings), **extra_args)
+
+  return GradientTransformationExtraArgs(typed(tx.init, layout), update)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
