@@ -19,7 +19,6 @@ from shardopt.sharding._step import ShardedUpdate
 from shardopt.sharding._step import make_sharded_optimizer
 from shardopt.sharding._step import sharded_init
 from shardopt.sharding._step import sharded_update
-from shardopt.sharding._step import with_typed_init
 from shardopt.sharding._step import with_update_layout
 from shardopt.sharding._train_step import TrainStep
 from shardopt.sharding._train_step import global_norms
@@ -27,6 +26,5 @@ from shardopt.sharding._train_step import global_norms
 __all__ = [
     "LeafPlan", "ReplicatedStateWarning", "ShardedInit", "ShardedOptimizer", "ShardedUpdate",
     "StatePlan", "TrainStep", "global_norms", "in_layout", "make_sharded_optimizer",
-    "plan_state_shardings", "sharded_init", "sharded_update", "state_shardings", "with_typed_init",
-    "with_update_layout",
+    "plan_state_shardings", "sharded_init", "sharded_update", "state_shardings", "with_update_layout",
 ]

@@ -62,7 +62,6 @@ __all__ = [
     "make_sharded_optimizer",
     "sharded_init",
     "sharded_update",
-    "with_typed_init",
     "with_update_layout",
 ]
 
@@ -103,16 +102,6 @@ def sharded_init(tx, param_shardings, state_shardings, *,
   return ShardedInit(jax.jit(under_mesh(typed(tx.init, layout), mesh_of(layout)),
                              in_shardings=(param_shardings,),
                              out_shardings=state_shardings), param_shardings)
-
-
-def with_typed_init(tx, param_shardings):
-  """``tx`` whose ``init``, traced inside ``jit``, sees the params typed in
-  ``param_shardings`` (on Auto axes too), as ``sharded_init`` does: for a
-  framework that calls ``tx.init`` itself (Flax's ``TrainState.create``,
-  ``nnx.Optimizer``), so that state whose shape depends on its layout
-  (``quantized_state``'s blocks) comes out as ``state_shardings`` derived
-  it. ``update`` is ``tx``'s own."""
-  return type(tx)(typed(tx.init, param_shardings), tx.update)
 
 
 def with_update_layout(tx, param_shardings, update_shardings=None
