@@ -156,7 +156,6 @@ def _unsharded_losses(params, tx, steps):
   return losses
 
 
-
 def test_nnx_changed_optimizer_needs_explicit_reinit(tmp_path):
   model, optimizer = _nnx(_mesh((2, 4)), optax.adam(1e-2))
   _train(model, optimizer, 1)
@@ -192,7 +191,6 @@ def test_train_state_with_8bit_state_has_the_derived_blocks():
   assert isinstance(mu, shardopt.QuantizedArray) and mu.tile == (8, 2, 16)
   for leaf, sharding in zip(jax.tree.leaves(state.opt_state), jax.tree.leaves(derived)):
     assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim)
-
 
 
 def _linen_loss(params, x):
@@ -268,6 +266,7 @@ def test_nnx_optimizer_with_zero(axis_types):
   assert {s.data.shape for s in mu.addressable_shards} == {(128, 16)}
   assert model.dense.kernel.get_value().sharding.is_equivalent_to(shardings["dense"]["kernel"], 2)
   np.testing.assert_allclose(losses, trained()[2], rtol=1e-6)
+
 
 class _WideModel(nnx.Module):
   """A kernel of 16,384 elements: above quantized_state's min_size."""
