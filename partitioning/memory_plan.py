@@ -86,8 +86,9 @@ class TreeMemory(NamedTuple):
 def _tree_memory(tree: Any, num_devices: int) -> TreeMemory:
   leaves = leaves_with_paths(tree)
   total = sum(math.prod(np.shape(x)) * x.dtype.itemsize for _, x in leaves)
-  per_device = sum(leaf_device_bytes(x, path) for path, x in leaves)
-  host = sum(leaf_device_bytes(x, path) for path, x in leaves if _in_host_memory(x))
+  on_a_device = [(leaf_device_bytes(x, path), _in_host_memory(x)) for path, x in leaves]
+  per_device = sum(n for n, _ in on_a_device)
+  host = sum(n for n, in_host in on_a_device if in_host)
   return TreeMemory(total, per_device, total / num_devices, host)
 
 

@@ -83,14 +83,16 @@ def leaves_with_paths(tree: Any, is_leaf=None) -> list[tuple[str, Any]]:
   ``nnx.state(model).to_pure_dict()`` and linen's params), not by its own
   ``value`` field.
   """
-  stop = lambda x: is_nnx_variable(x) or (is_leaf is not None and is_leaf(x))
+  own_leaf = is_leaf or (lambda x: False)
+  variable = lambda x: is_nnx_variable(x) and not own_leaf(x)
   pairs = []
-  for keypath, node in jax.tree_util.tree_flatten_with_path(tree, is_leaf=stop)[0]:
-    if is_nnx_variable(node) and not (is_leaf is not None and is_leaf(node)):
-      inner = jax.tree_util.tree_flatten_with_path(node, is_leaf=is_leaf)[0]
-      pairs += [(param_path(keypath + key[1:]), leaf) for key, leaf in inner]
-    else:
+  for keypath, node in jax.tree_util.tree_flatten_with_path(
+      tree, is_leaf=lambda x: variable(x) or own_leaf(x))[0]:
+    if not variable(node):
       pairs.append((param_path(keypath), node))
+      continue
+    inner = jax.tree_util.tree_flatten_with_path(node, is_leaf=is_leaf)[0]
+    pairs += [(param_path(keypath + key[1:]), leaf) for key, leaf in inner]  # key[0]: the field
   return pairs
 
 

@@ -72,7 +72,7 @@ def typed(fn, shardings):
 
 
 def _params_like(value, params) -> bool:
-  return (not callable(value)
+  return (params is not None and not callable(value)
           and jax.tree.structure(value) == jax.tree.structure(params))
 
 
@@ -81,8 +81,9 @@ def update_in_layout(tx, grads, state, params, update_shardings,
   """``tx.update`` with grads and params (and any extra argument shaped
   like them, e.g. a line search's ``grad``) in their update layout, inside
   ``jit``; returns ``(updates, new_state)``, the updates in the params'
-  layout."""
-  grads, moved = in_layout((grads, params), (update_shardings,) * 2)
+  layout. ``params`` may be None (``tx.update`` then gets None)."""
+  grads = in_layout(grads, update_shardings)
+  moved = None if params is None else in_layout(params, update_shardings)
   extra_args = {k: _extra_in_layout(k, v, params, update_shardings,
                                     param_shardings)
                 for k, v in extra_args.items()}

@@ -43,7 +43,6 @@ from shardopt.sharding._boundary import check_live
 from shardopt.sharding._boundary import explained_rejection
 from shardopt.sharding._derivation import StatePlan
 from shardopt.sharding._derivation import plan_state_shardings
-from shardopt.sharding._layouts import in_layout
 from shardopt.sharding._layouts import mesh_of
 from shardopt.sharding._layouts import typed
 from shardopt.sharding._layouts import under_mesh
@@ -122,9 +121,6 @@ def with_update_layout(tx, param_shardings, update_shardings=None
   def update(grads, state, params=None, **extra_args):
     ordered = lambda shardings: jax.tree.unflatten(jax.tree.structure(grads),
                                                    jax.tree.leaves(shardings))
-    if params is None:
-      updates, state = tx.update(in_layout(grads, ordered(layout)), state, None, **extra_args)
-      return in_layout(updates, ordered(param_shardings)), state
     return update_in_layout(tx, grads, state, params, ordered(layout),
                             ordered(param_shardings), **extra_args)
 
