@@ -31,7 +31,6 @@ __all__ = ["agree_across_processes", "is_corruption", "is_missing", "leaf_of", "
 _FALL_BACK = "restore_latest_valid() falls back to the newest intact step."
 
 _CORRUPTION_STATUSES = ("DATA_LOSS", "NOT_FOUND", "OUT_OF_RANGE", "FAILED_PRECONDITION")
-_MISSING_ITEM = "was not found in the checkpoint"  # Orbax: an item folder of the step is gone
 _STATUS = re.compile(r"^([A-Z_]+): ")
 _LEAF = re.compile(r'Error (?:reading|opening|decoding) "([^"/]+)/')
 _SPEC = re.compile(r" ?\[tensorstore_spec(\[\d+\])?='.*?'\]", re.DOTALL)
@@ -65,8 +64,6 @@ def is_corruption(exc: BaseException) -> bool:
   for e in _chain(exc):
     if isinstance(e, (json.JSONDecodeError, UnicodeDecodeError, FileNotFoundError)):
       return True
-    if isinstance(e, KeyError) and _MISSING_ITEM in str(e):
-      return True
     if _status(e) in _CORRUPTION_STATUSES:
       return True
   return False
@@ -74,8 +71,7 @@ def is_corruption(exc: BaseException) -> bool:
 
 def is_missing(exc: BaseException) -> bool:
   """Whether a failed read means files were not found (rather than found damaged)."""
-  return any(isinstance(e, FileNotFoundError) or (isinstance(e, KeyError) and _MISSING_ITEM in str(e))
-             or _status(e) == "NOT_FOUND" for e in _chain(exc))
+  return any(isinstance(e, FileNotFoundError) or _status(e) == "NOT_FOUND" for e in _chain(exc))
 
 
 def write_failure(exc: BaseException) -> tuple[str | None, str] | None:

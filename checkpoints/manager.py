@@ -10,6 +10,7 @@ has been finalized. Every restore checks the bytes it read against the
 checksums written at save time.
 """
 
+import errno
 import json
 import logging
 from typing import Any
@@ -210,9 +211,19 @@ class CheckpointManager:
       raise NoCheckpointError(f"No finalized checkpoint for step {step} in {self.directory}; steps there: {steps}.")
     return step
 
+  def _require_items(self, step: int, names: tuple[str, ...]) -> None:
+    """Raises ``FileNotFoundError`` (a missing file: ``failures.is_corruption``) naming the
+    first of the step's item folders ``names`` that is not there; checked on the filesystem
+    before orbax reads them."""
+    for name in names:
+      folder = self.directory / str(step) / name
+      if not folder.is_dir():
+        raise FileNotFoundError(errno.ENOENT, f"the item folder {name!r} of the step is missing", str(folder))
+
   def _record(self, step: int) -> tuple[record.Record, dict]:
     """The step's parsed record and user metadata (one orbax read of both JSON items)."""
     try:
+      self._require_items(step, ("layout", "metadata"))
       items = self._mngr.restore(step, args=ocp.args.Composite(
           layout=ocp.args.JsonRestore(), metadata=ocp.args.JsonRestore()))
     except Exception as e:  # noqa: BLE001  (classified by failures.raise_for)
@@ -243,6 +254,7 @@ class CheckpointManager:
     args = ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=partial)
     failure = None
     try:
+      self._require_items(step, ("state",))
       values = self._mngr.restore(step, args=ocp.args.Composite(state=args))["state"]
     except CheckpointError:
       raise

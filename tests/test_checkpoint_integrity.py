@@ -342,6 +342,20 @@ def test_deleted_step_folder_falls_back_and_a_deleted_item_folder_is_skipped(tmp
   assert restored.step == 1 and [s.step for s in restored.skipped] == [2]
 
 
+@pytest.mark.parametrize("item", ["state", "layout", "metadata"])
+def test_a_missing_item_folder_is_named_and_the_step_skipped_as_missing(tmp_path, item):
+  _save_steps(tmp_path)
+  shutil.rmtree(tmp_path / "2" / item)
+  with ck.CheckpointManager(tmp_path) as mngr:
+    with pytest.raises(ck.CorruptCheckpointError) as info:
+      mngr.restore(_target("2x4"))
+    assert info.value.step == 2 and info.value.missing, str(info.value)
+    assert f"item folder {item!r}" in str(info.value) and str(tmp_path / "2" / item) in str(info.value)
+    restored = mngr.restore_latest_valid(_target("2x4"))
+  assert restored.step == 1 and [(s.step, s.missing) for s in restored.skipped] == [(2, True)]
+  _assert_bit_equal(restored.state, _state(seed=1))
+
+
 def test_step_written_before_checksums_restores_unverified_with_a_warning(tmp_path, caplog):
   _save_steps(tmp_path, steps=(1,))
   record_file = tmp_path / "1" / "layout" / "metadata"
