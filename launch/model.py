@@ -19,6 +19,10 @@ With ``scan_layers`` the blocks run under ``nn.scan``: one compiled block,
 its params stacked once under ``layers/`` with a leading layer dimension
 (``layers/attn/query/kernel`` is (layers, d_model, heads, head_dim)), the
 layout of ``partitioning.decoder_rules(..., stacked=True)``.
+
+On Explicit mesh axes (the job's ``--axis-types explicit``) the layers
+compute with layouts in their types (``launch/typed_layers.py``): every
+preset trains there with the losses of Auto axes.
 """
 
 import dataclasses
@@ -26,6 +30,8 @@ import dataclasses
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from launch import typed_layers
 
 __all__ = ["ModelConfig", "Transformer", "greedy_continue", "next_token_loss"]
 
@@ -55,7 +61,7 @@ class Attention(nn.Module):
   def __call__(self, x):
     cfg = self.cfg
     proj = lambda name: nn.DenseGeneral(
-        (cfg.heads, cfg.head_dim), use_bias=False, name=name)(x)
+        (cfg.heads, cfg.head_dim), use_bias=False, dot_general=typed_layers.dot_general, name=name)(x)
     q, k, v = proj("query"), proj("key"), proj("value")
     logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(cfg.head_dim)
     length = x.shape[1]
@@ -63,7 +69,7 @@ class Attention(nn.Module):
     logits = jnp.where(causal, logits, jnp.finfo(logits.dtype).min)
     mixed = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(logits), v)
     return nn.DenseGeneral(
-        cfg.d_model, axis=(-2, -1), use_bias=False, name="out")(mixed)
+        cfg.d_model, axis=(-2, -1), use_bias=False, dot_general=typed_layers.dot_general, name="out")(mixed)
 
 
 class Mlp(nn.Module):
@@ -71,8 +77,8 @@ class Mlp(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    h = nn.gelu(nn.Dense(self.cfg.mlp, use_bias=False, name="wi")(x))
-    return nn.Dense(self.cfg.d_model, use_bias=False, name="wo")(h)
+    h = nn.gelu(nn.Dense(self.cfg.mlp, use_bias=False, dot_general=typed_layers.dot_general, name="wi")(x))
+    return nn.Dense(self.cfg.d_model, use_bias=False, dot_general=typed_layers.dot_general, name="wo")(h)
 
 
 class Block(nn.Module):
@@ -81,9 +87,23 @@ class Block(nn.Module):
 
   @nn.compact
   def __call__(self, x, _=None):
-    x = x + Attention(self.cfg, name="attn")(nn.RMSNorm(name="ln_1")(x))
-    x = x + Mlp(self.cfg, name="mlp")(nn.RMSNorm(name="ln_2")(x))
-    return (x, None) if self.scanned else x
+    y = x + Attention(self.cfg, name="attn")(nn.RMSNorm(name="ln_1")(x))
+    y = y + Mlp(self.cfg, name="mlp")(nn.RMSNorm(name="ln_2")(y))
+    # A scan's carry keeps its type.
+    return (typed_layers.typed_as(y, x), None) if self.scanned else y
+
+
+class _Embed(nn.Embed):
+  """``nn.Embed`` whose lookup also types on Explicit mesh axes: there a gather
+  of a table split over one axis has no sharding rule, so the rows come out
+  laid out as the ids are (``out_sharding``)."""
+
+  def __call__(self, inputs):
+    if typed_layers.explicit_spec(self.embedding) is None:
+      return super().__call__(inputs)
+    ids = typed_layers.explicit_spec(inputs) or (None,) * inputs.ndim
+    table = jnp.asarray(self.embedding, self.dtype)
+    return table.at[inputs].get(out_sharding=typed_layers.laid_out_as(table, (*ids, None)))
 
 
 class Transformer(nn.Module):
@@ -94,7 +114,7 @@ class Transformer(nn.Module):
   @nn.compact
   def __call__(self, tokens):
     cfg = self.cfg
-    x = nn.Embed(cfg.vocab, cfg.d_model, name="embed")(tokens)
+    x = _Embed(cfg.vocab, cfg.d_model, name="embed")(tokens)
     x = x + _sinusoids(tokens.shape[1], cfg.d_model)[None].astype(x.dtype)
     if cfg.scan_layers:
       stack = nn.scan(Block, variable_axes={"params": 0},
@@ -104,12 +124,12 @@ class Transformer(nn.Module):
       for i in range(cfg.layers):
         x = Block(cfg, name=f"layers_{i}")(x)
     x = nn.RMSNorm(name="ln_f")(x)
-    return nn.Dense(cfg.vocab, use_bias=False, name="lm_head")(x)
+    return nn.Dense(cfg.vocab, use_bias=False, dot_general=typed_layers.dot_general, name="lm_head")(x)
 
 
 def next_token_loss(model: Transformer, params, tokens: jax.Array) -> jax.Array:
   """Mean cross-entropy of predicting tokens[:, 1:] from tokens[:, :-1]."""
-  logits = model.apply({"params": params}, tokens[:, :-1])
+  logits = model.apply({"params": typed_layers.gathered_for(params, tokens)}, tokens[:, :-1])
   logp = jax.nn.log_softmax(logits.astype(jnp.float32))
   target = jax.nn.one_hot(tokens[:, 1:], model.cfg.vocab)
   return -jnp.mean(jnp.sum(logp * target, axis=-1))
@@ -119,6 +139,8 @@ def greedy_continue(model: Transformer, params, tokens: jax.Array, start: int) -
   """``tokens`` (batch, length) with every position from ``start`` on replaced
   by the model's most likely next byte, one position at a time (each step
   reads the whole window; the causal mask keeps later positions out)."""
+
+  params = typed_layers.gathered_for(params, tokens)
 
   def next_byte(i, tokens):
     logits = model.apply({"params": params}, tokens)

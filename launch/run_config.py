@@ -34,7 +34,7 @@ NOT_INHERITED = frozenset({  # where this invocation runs: the paths, the proces
     "auto_distributed", "init_timeout", "heartbeat_timeout"})
 
 MAY_CHANGE = frozenset({
-    "steps", "mesh", "rules", "zero", "out", "checkpoint_dir", "checkpoint_every",
+    "steps", "mesh", "axis_types", "rules", "zero", "out", "checkpoint_dir", "checkpoint_every",
     "keep_checkpoints", "log_every", "cpu_devices",
     "coordinator", "num_processes", "process_id", "auto_distributed", "init_timeout",
     "heartbeat_timeout", "process_count", "device_count", "eval_every", "eval_batches",

@@ -45,7 +45,7 @@ def checked_mesh(args) -> jax.sharding.Mesh:
     raise UsageError(f"--batch {args.batch}: must be a multiple of the data axis"
                      f" (data={sizes['data']} in --mesh {args.mesh}), e.g."
                      f" --batch {max(1, args.batch // sizes['data']) * sizes['data']}")
-  return partitioning.make_mesh(sizes)
+  return partitioning.make_mesh(sizes, axis_types=args.axis_types)
 
 
 def checked_optimizer(args):
