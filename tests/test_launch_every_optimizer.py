@@ -2,7 +2,7 @@
 it: its default learning rate and schedule, the extra arguments its update
 reads (``optim.update_arguments``), ZeRO over every state leaf.
 
-Truth: three steps give a finite loss and finite params that moved. Before
+On Auto and Explicit mesh axes. Truth: three steps give a finite loss and finite params that moved. Before
 this test, --optimizer sophia failed at its first step (no objective reached
 its update), prodigy and dadapt_adamw gave nan (the default warmup from 0
 makes their first step-size estimate 0 / 0, in optax too) and galore's state
@@ -49,10 +49,11 @@ def _job_args(tmp_path, name):
   return cli.parse_args(argv)
 
 
+@pytest.mark.parametrize("axis_types", ["auto", "explicit"])
 @pytest.mark.parametrize("name", sorted(set(_aliases()) - _NOT_FROM_THE_COMMAND_LINE))
-def test_every_optimizer_trains_through_the_jobs_step(tmp_path, name):
+def test_every_optimizer_trains_through_the_jobs_step(tmp_path, name, axis_types):
   args = _job_args(tmp_path, name)
-  mesh = partitioning.make_mesh("data=4,model=2")
+  mesh = partitioning.make_mesh("data=4,model=2", axis_types=axis_types)
   shardings = partitioning.named_shardings(mesh, SPECS)
   opt = shardopt.make_sharded_optimizer(validation.checked_optimizer(args), _params(), shardings,
                                         shard_state_over="data", min_shard_bytes=0)
