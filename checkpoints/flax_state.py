@@ -13,6 +13,7 @@ params'.
 """
 
 from typing import Any, Callable
+import warnings
 
 import jax
 from flax import nnx
@@ -26,13 +27,33 @@ __all__ = ["create_nnx_optimizer", "create_train_state", "nnx_checkpoint_state",
            "nnx_tx"]
 
 
-def _laid_out(tx, abstract_params, param_shardings, shard_state_over):
+def _laid_out(tx, abstract_params, param_shardings, shard_state_over, given=None):
   """``tx`` laid out as the sharded step lays it out
-  (``shardopt.sharding.with_update_layout``) and its state's derived shardings."""
+  (``shardopt.sharding.with_update_layout``) and its state's shardings: ``given``,
+  or derived. ``given`` shardings that are shardopt's ZeRO plan over a mesh axis
+  (``shardopt.state_shardings(..., shard_state_over=axis)``) lay the update out
+  as ``shard_state_over=axis`` does."""
+  if shard_state_over is None and given is not None:
+    shard_state_over = _zero_axis_of(tx, abstract_params, param_shardings, given)
   plan = shardopt.sharding.plan_state_shardings(tx, abstract_params, param_shardings,
                                                 shard_state_over=shard_state_over)
   plan.warn_zero_skipped(stacklevel=3)
-  return shardopt.sharding.with_update_layout(tx, param_shardings, plan.update_shardings), plan.shardings
+  laid_out = shardopt.sharding.with_update_layout(tx, param_shardings, plan.update_shardings)
+  return laid_out, plan.shardings if given is None else given
+
+
+def _zero_axis_of(tx, abstract_params, param_shardings, given):
+  """The mesh axis whose ZeRO plan has ``given``'s specs, leaf for leaf; None
+  for none (no ZeRO, or shardings of the caller's own design)."""
+  specs = lambda shardings: [s.spec for s in jax.tree.leaves(shardings)]
+  for axis in _replicated(param_shardings).mesh.axis_names:
+    with warnings.catch_warnings():  # the plans tried are not the one used
+      warnings.simplefilter("ignore", shardopt.ReplicatedStateWarning)
+      plan = shardopt.sharding.plan_state_shardings(tx, abstract_params, param_shardings,
+                                                    shard_state_over=axis)
+    if specs(plan.shardings) == specs(given):
+      return axis
+  return None
 
 
 def _replicated(param_shardings) -> NamedSharding:
@@ -58,14 +79,16 @@ def create_train_state(apply_fn: Callable, init_params: Callable[[], Any], tx, p
     tx: the gradient transformation (a shardopt or optax one).
     param_shardings: a tree of ``NamedSharding`` matching the params.
     opt_state_shardings: the optimizer state's shardings; derived with
-      ``shardopt.sharding.plan_state_shardings`` when None.
+      ``shardopt.sharding.plan_state_shardings`` when None. Shardings that are
+      its ZeRO plan over an axis (``shardopt.state_shardings(...,
+      shard_state_over=axis)``) act as ``shard_state_over=axis``.
     shard_state_over: the ZeRO mesh axis (as in
       ``shardopt.make_sharded_optimizer``): the state of every large param
       split over it as well.
   """
   abstract_params = jax.eval_shape(init_params)
-  laid_out_tx, derived = _laid_out(tx, abstract_params, param_shardings, shard_state_over)
-  opt_state_shardings = derived if opt_state_shardings is None else opt_state_shardings
+  laid_out_tx, opt_state_shardings = _laid_out(tx, abstract_params, param_shardings,
+                                                shard_state_over, opt_state_shardings)
 
   def init():
     return train_state.TrainState.create(apply_fn=apply_fn, params=init_params(), tx=laid_out_tx)
@@ -127,8 +150,8 @@ def create_nnx_optimizer(model_fn: Callable[[], nnx.Module], tx, param_shardings
   # layouts while tracing, need it.
   with jax.set_mesh(replicated.mesh):
     abstract_params = nnx.state(nnx.eval_shape(model_fn), wrt).to_pure_dict()
-    laid_out_tx, derived = _laid_out(tx, abstract_params, param_shardings, shard_state_over)
-    opt_state_shardings = derived if opt_state_shardings is None else opt_state_shardings
+    laid_out_tx, opt_state_shardings = _laid_out(tx, abstract_params, param_shardings,
+                                                  shard_state_over, opt_state_shardings)
     tx = nnx_tx(laid_out_tx)
 
     @nnx.jit
