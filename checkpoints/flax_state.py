@@ -109,7 +109,7 @@ def _lay_out_variables(tree, shardings: list, what: str) -> None:
     raise ValueError(f"{what}: {len(shardings)} shardings for {len(variables)} leaves; give one sharding per "
                      "leaf (the optimizer state's are derived for this tx when not given).")
   for variable, sharding in zip(variables, shardings):
-    variable.value = shardopt.sharding.in_layout(variable.value, sharding)  # Auto or Explicit
+    variable.set_value(shardopt.sharding.in_layout(variable.get_value(), sharding))  # Auto or Explicit
 
 
 def nnx_tx(tx) -> shardopt.GradientTransformationExtraArgs:

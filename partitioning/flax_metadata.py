@@ -32,8 +32,9 @@ _UNASSIGNED = object()
 
 
 def is_boxed(x: Any) -> bool:
-  """A Flax partitioning box (``nn.Partitioned`` and subclasses)."""
-  return all(hasattr(x, a) for a in ("value", "names", "unbox"))
+  """A Flax partitioning box (``nn.Partitioned`` and subclasses); never an
+  ``nnx.Variable`` (whose ``.value`` is deprecated: not even looked up)."""
+  return not is_nnx_variable(x) and all(hasattr(x, a) for a in ("names", "unbox", "value"))
 
 
 def _is_logical(box: Any) -> bool:

@@ -81,8 +81,8 @@ def test_nnx_optimizer_state_lands_on_its_derived_shardings(name, axis_types):
   variables = jax.tree.leaves(optimizer.opt_state, is_leaf=lambda x: isinstance(x, nnx.Variable))
   assert len(variables) == len(jax.tree.leaves(derived))
   for variable, sharding in zip(variables, jax.tree.leaves(derived)):
-    assert variable.value.sharding.is_equivalent_to(sharding, variable.value.ndim), (
-        name, variable.value.shape, sharding)
+    assert variable.get_value().sharding.is_equivalent_to(sharding, variable.get_value().ndim), (
+        name, variable.get_value().shape, sharding)
   assert np.all(np.isfinite(_train(model, optimizer, 2)))
 
 
