@@ -134,7 +134,7 @@ def create_nnx_optimizer(model_fn: Callable[[], nnx.Module], tx, param_shardings
                          shard_state_over: str | None = None) -> tuple[nnx.Module, nnx.Optimizer]:
   """``(model, nnx.Optimizer)`` with params and optimizer state created on their shardings.
 
-  ``param_shardings`` matches ``nnx.state(model, wrt).to_pure_dict()`` (or is
+  ``param_shardings`` matches ``nnx.to_pure_dict(nnx.state(model, wrt))`` (or is
   that ``nnx.State``, e.g. from ``partitioning.specs_from_flax_metadata`` of the
   model's annotations); other model variables and the optimizer step are
   replicated. The model is created under the shardings' mesh (``jax.set_mesh``),
@@ -144,12 +144,12 @@ def create_nnx_optimizer(model_fn: Callable[[], nnx.Module], tx, param_shardings
   does, and the optimizer's ``tx`` is laid out as there.
   """
   if isinstance(param_shardings, nnx.State):
-    param_shardings = param_shardings.to_pure_dict()
+    param_shardings = nnx.to_pure_dict(param_shardings)
   replicated = _replicated(param_shardings)
   # Under the mesh: variables annotated with nnx.with_partitioning, and an Explicit mesh's
   # layouts while tracing, need it.
   with jax.set_mesh(replicated.mesh):
-    abstract_params = nnx.state(nnx.eval_shape(model_fn), wrt).to_pure_dict()
+    abstract_params = nnx.to_pure_dict(nnx.state(nnx.eval_shape(model_fn), wrt))
     laid_out_tx, opt_state_shardings = _laid_out(tx, abstract_params, param_shardings,
                                                   shard_state_over, opt_state_shardings)
     tx = nnx_tx(laid_out_tx)

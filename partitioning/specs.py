@@ -80,7 +80,7 @@ def leaves_with_paths(tree: Any, is_leaf=None) -> list[tuple[str, Any]]:
   """``(path, leaf)`` pairs of a pytree, in flattening order.
 
   A Flax NNX ``Variable`` is named by where it sits (``'l1/kernel'``, as in
-  ``nnx.state(model).to_pure_dict()`` and linen's params), not by its own
+  ``nnx.to_pure_dict(nnx.state(model))`` and linen's params), not by its own
   ``value`` field.
   """
   own_leaf = is_leaf or (lambda x: False)

@@ -76,7 +76,7 @@ def test_nnx_optimizer_state_lands_on_its_derived_shardings(name, axis_types):
   tx = _STATES_WITH_FIELDS_OUT_OF_NAME_ORDER[name]()
   mesh = _mesh((2, 4), axis_types)
   model, optimizer = _nnx(mesh, tx)
-  params = nnx.state(model, nnx.Param).to_pure_dict()
+  params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
   derived = shardopt.state_shardings(tx, params, _param_shardings(mesh))
   variables = jax.tree.leaves(optimizer.opt_state, is_leaf=lambda x: isinstance(x, nnx.Variable))
   assert len(variables) == len(jax.tree.leaves(derived))
@@ -138,7 +138,7 @@ def test_nnx_optimizer_of_a_model_annotated_with_partitioning(axis_types):
   assert {s.data.shape for s in kernel.addressable_shards} == {(16, 2)}
   mu = optimizer.opt_state[0].mu["dense"]["kernel"].get_value()
   assert mu.sharding.spec == P(None, "b")
-  expected = jax.tree.map(np.asarray, nnx.state(model, nnx.Param).to_pure_dict())
+  expected = jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(model, nnx.Param)))
   losses = _train(model, optimizer, 2)
   np.testing.assert_allclose(losses, _unsharded_losses(expected, tx, 2), rtol=1e-5)
 

@@ -111,12 +111,12 @@ def test_specs_and_values_from_an_nnx_models_annotations(abstract):
     model = nnx.eval_shape(lambda: NnxMlp(nnx.Rngs(0))) if abstract else NnxMlp(nnx.Rngs(0))
   state = nnx.state(model, nnx.Param)
   params, specs = specs_from_flax_metadata(state)
-  assert specs.to_pure_dict() == {  # nnx.get_partition_spec's specs
+  assert nnx.to_pure_dict(specs) == {  # nnx.get_partition_spec's specs
       "up": {"kernel": P(None, "model"), "bias": P()}, "down": {"kernel": P("model", "data")},
-      "norm": {"scale": P(), "bias": P()}} == nnx.get_partition_spec(state).to_pure_dict()
-  assert params.to_pure_dict()["up"]["kernel"] is state["up"]["kernel"].get_value()
+      "norm": {"scale": P(), "bias": P()}} == nnx.to_pure_dict(nnx.get_partition_spec(state))
+  assert nnx.to_pure_dict(params)["up"]["kernel"] is state["up"]["kernel"].get_value()
   validate_specs(params, specs, mesh)
-  shardings = named_shardings(mesh, specs).to_pure_dict()
+  shardings = nnx.to_pure_dict(named_shardings(mesh, specs))
   assert shardings["down"]["kernel"].spec == P("model", "data")
 
 

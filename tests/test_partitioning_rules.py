@@ -167,8 +167,8 @@ def test_rules_name_an_nnx_state_s_params_as_its_pure_dict_does(abstract):
   state = nnx.state(nnx.eval_shape(make) if abstract else make(), nnx.Param)
   rules = [(r"l1/kernel$", P(None, "model")), (r"l2/kernel$", P("model", None)), (r"bias$", P("model"))]
   specs = match_partition_rules(rules, state)
-  assert specs.to_pure_dict() == match_partition_rules(rules, state.to_pure_dict())
-  assert specs.to_pure_dict()["l2"] == {"kernel": P("model", None), "bias": P("model")}
+  assert nnx.to_pure_dict(specs) == match_partition_rules(rules, nnx.to_pure_dict(state))
+  assert nnx.to_pure_dict(specs)["l2"] == {"kernel": P("model", None), "bias": P("model")}
   table = rule_table(rules, state)
   assert "l1/kernel " in table and "/value" not in table and "match no param" not in table
   with pytest.raises(PartitionError, match=r"l2/bias"):
