@@ -21,8 +21,9 @@ its params stacked once under ``layers/`` with a leading layer dimension
 layout of ``partitioning.decoder_rules(..., stacked=True)``.
 
 On Explicit mesh axes (the job's ``--axis-types explicit``) the layers
-compute with layouts in their types (``launch/typed_layers.py``): every
-preset trains there with the losses of Auto axes.
+compute with layouts in their types (``launch/typed_layers.py``), under
+every preset with the loss and gradients of one device
+(``tests/test_launch_explicit.py``).
 """
 
 import dataclasses
