@@ -100,10 +100,11 @@ class Attn(NamedTuple):
 def _relative_error(got, want) -> float:
   """Mean |got - want| over mean |want|; 0 where both are all zeros (a
   step a wrapper skips), inf where only ``want`` is."""
-  scale = float(jnp.mean(jnp.abs(want)))
+  got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+  scale = float(np.mean(np.abs(want)))
   if scale == 0:
-    return 0.0 if not bool(jnp.any(got)) else float("inf")
-  return float(jnp.mean(jnp.abs(got - want))) / scale
+    return 0.0 if not np.any(got) else float("inf")
+  return float(np.mean(np.abs(got - want))) / scale
 
 
 def _errors_against_float(tx, params, steps, bits, **kwargs):
@@ -585,8 +586,10 @@ def _moves(init, update, entry, params, steps):
   for _ in range(steps):
     grads, extra = _step_inputs(entry, params)
     new_params, state = update(grads, state, params, **extra)
-    moves.append(jnp.concatenate([jnp.ravel(x) for x in jax.tree.leaves(
-        jax.device_get(jax.tree.map(jnp.subtract, new_params, params)))]))
+    moves.append(np.concatenate([  # on the host: no program per leaf
+        np.ravel(np.asarray(new, np.float64) - old) for new, old in zip(
+            jax.tree.leaves(jax.device_get(new_params)),
+            jax.tree.leaves(jax.device_get(params)))]))
     params = new_params
   return moves
 
