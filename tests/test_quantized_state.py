@@ -583,15 +583,21 @@ def _step_inputs(entry, params):
 def _moves(init, update, entry, params, steps):
   """The params' change at each of ``steps`` steps, as one vector each."""
   state, moves = init(params), []
+  before = _host_vector(params)
   for _ in range(steps):
     grads, extra = _step_inputs(entry, params)
-    new_params, state = update(grads, state, params, **extra)
-    moves.append(np.concatenate([  # on the host: no program per leaf
-        np.ravel(np.asarray(new, np.float64) - old) for new, old in zip(
-            jax.tree.leaves(jax.device_get(new_params)),
-            jax.tree.leaves(jax.device_get(params)))]))
-    params = new_params
+    params, state = update(grads, state, params, **extra)
+    after = _host_vector(params)
+    moves.append(after - before)
+    before = after
   return moves
+
+
+def _host_vector(tree) -> np.ndarray:
+  """``tree``'s leaves as one float64 vector on the host (numpy: no
+  program per leaf and sharding)."""
+  return np.concatenate([np.ravel(np.asarray(x, np.float64))
+                         for x in jax.tree.leaves(jax.device_get(tree))])
 
 
 _FLOAT_MOVES: dict = {}
