@@ -1,21 +1,42 @@
 """Test set-up: 8 simulated CPU devices, configured before jax is imported."""
 
 import os
+import pathlib
+import subprocess
+import sys
 
-# LLVM at -O0: the suite compiles thousands of small programs, and XLA's
-# backend compile is most of its time; -O0 cuts the suite's CPU time by a
-# third (a harness subset: 175 -> 112 CPU-seconds). (XLA:CPU's elemental
-# emitter, --xla_cpu_use_fusion_emitters=false, would halve the compiles
-# again but moves L-BFGS's line search off optax's decisions.) The flags
-# reach every subprocess a test starts (launch_helpers.child_env), so
-# in-process references and jobs compile alike.
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    " --xla_backend_optimization_level=0"
-).strip()
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+# The suite compiles thousands of small programs, and XLA's compile is most of
+# its time. LLVM at -O0 cut the suite's CPU time by a third (a harness subset:
+# 175 -> 112 CPU-seconds); XLA:CPU's elemental emitter
+# (--xla_cpu_use_fusion_emitters=false) halves it again (the harness's sharded
+# step cells, cold cache: 348 -> 175 s; the whole suite on a fresh clone:
+# 1897 -> 1210 s). Both change how loops are generated, not the program XLA
+# runs: sharding, collectives and every computation's HLO are the ones users
+# get. What they can change is rounding: tests marked ``default_codegen``
+# assert results that hold under XLA:CPU's default emitters only (two
+# different programs equal bit for bit, or optax's numbers to 1e-6 through a
+# line search or Newton-Schulz iterations, which amplify a last-bit
+# difference), and run in a child pytest with the default emitters
+# (``pytest_pyfunc_call`` below). The flags reach every subprocess a test
+# starts (launch_helpers.child_env), so in-process references and jobs
+# compile alike.
+_DEFAULT_CODEGEN_ENV = "SHARDOPT_TESTS_DEFAULT_CODEGEN"
+_DEFAULT_CODEGEN = os.environ.get(_DEFAULT_CODEGEN_ENV) == "1"
+_SUITE_FLAGS = ("--xla_force_host_platform_device_count=8",
+                "--xla_backend_optimization_level=0")
+_ELEMENTAL_EMITTER = "--xla_cpu_use_fusion_emitters=false"
+# The user's flags without the suite's (xdist's workers inherit the flags this
+# file set in their controller).
+_USER_XLA_FLAGS = [flag for flag in os.environ.get("XLA_FLAGS", "").split()
+                   if flag not in (*_SUITE_FLAGS, _ELEMENTAL_EMITTER)]
+os.environ["XLA_FLAGS"] = " ".join(
+    [*_USER_XLA_FLAGS, *_SUITE_FLAGS]
+    + ([] if _DEFAULT_CODEGEN else [_ELEMENTAL_EMITTER]))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
-import pathlib  # noqa: E402
 
 import jax  # noqa: E402
 
@@ -23,6 +44,29 @@ import jax  # noqa: E402
 # xdist workers and the jobs tests start compile many of the same programs
 # (an entry's unsharded reference, a job and its resume); the job tests took
 # 102 s instead of 121 s with it than with a 0.5 s threshold.
-_CACHE = pathlib.Path(__file__).resolve().parent.parent / ".jax_cache"
+_CACHE = ROOT / ".jax_cache"
 jax.config.update("jax_compilation_cache_dir", str(_CACHE))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+
+_CHILD_TIMEOUT_S = 900
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+  """Runs a ``default_codegen`` test in a child pytest with XLA:CPU's default
+  emitters (this process compiles with the elemental one) and reports its
+  outcome as this test's."""
+  if _DEFAULT_CODEGEN or pyfuncitem.get_closest_marker("default_codegen") is None:
+    return None
+  env = dict(os.environ, XLA_FLAGS=" ".join(_USER_XLA_FLAGS),
+             **{_DEFAULT_CODEGEN_ENV: "1"})
+  child = subprocess.run(
+      [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+       pyfuncitem.nodeid],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=_CHILD_TIMEOUT_S)
+  summary = child.stdout.strip().splitlines()[-1:] or [""]
+  if child.returncode != 0 or not summary[0].lstrip("= ").startswith("1 passed"):
+    pytest.fail(f"under XLA:CPU's default emitters (a child pytest, exit "
+                f"{child.returncode}):\n{child.stdout[-6000:]}{child.stderr[-2000:]}",
+                pytrace=False)
+  return True

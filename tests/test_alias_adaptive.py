@@ -80,6 +80,7 @@ def test_polyak_sgd_matches_optax(kwargs):
   assert float(ours[-1][0]) < float(ours[0][0])
 
 
+@pytest.mark.default_codegen
 @pytest.mark.parametrize("kwargs", [
     dict(),
     dict(learning_rate=0.1, memory_size=4, scale_init_precond=False,

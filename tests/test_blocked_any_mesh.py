@@ -88,6 +88,7 @@ def _run(tx, devices: int, steps: int):
   return shapes, history
 
 
+@pytest.mark.default_codegen
 @pytest.mark.parametrize("name", list(_OPTIMIZERS))
 def test_same_state_shapes_and_updates_on_1_4_and_8_devices(name):
   """Refreshes at steps 1 and 3; every update equal to the one-device

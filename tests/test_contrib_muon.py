@@ -24,7 +24,8 @@ from tests import oracle
 _VARIANTS = [
     {},
     {"nesterov": False, "adaptive": True},
-    {"preconditioning": "aol", "ns_coeffs": "dion"},
+    pytest.param({"preconditioning": "aol", "ns_coeffs": "dion"},
+                 marks=pytest.mark.default_codegen),
     {"preconditioning": "schatten", "ns_steps": 3, "beta": 0.9,
      "consistent_rms": 0.2, "weight_decay": 0.1},
     {"preconditioning": "spectral", "adam_learning_rate": 0.01,

@@ -76,6 +76,10 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
         "it; the plan lists it with that reason and warns (checked by "
         "test_zero_lists_every_large_leaf_it_leaves_out)"),
 }
+# Checks that hold under XLA:CPU's default emitters only (conftest): L-BFGS
+# matches optax to 1e-6 there; under the elemental emitter a last-bit
+# difference in its two-loop recursion grows past that within 5 steps.
+DEFAULT_CODEGEN = {("scale_by_lbfgs", "optax")}
 
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
 _DOC = _ROOT / "docs" / "catalogue.md"
@@ -92,6 +96,8 @@ def _cases(check, entries=catalogue.ENTRIES):
     raises, reason = EXCEPTIONS.get((entry.label, check), (None, ""))
     marks = ([pytest.mark.xfail(strict=True, raises=raises, reason=reason)]
              if raises else [])
+    if (entry.label, check) in DEFAULT_CODEGEN:
+      marks.append(pytest.mark.default_codegen)
     cases.append(pytest.param(entry, id=entry.label.replace(" (", ":")
                               .rstrip(")"), marks=marks))
   return cases

@@ -446,6 +446,7 @@ def test_quantized_state_outside_leaves_the_codes_alone():
 
 
 @pytest.mark.slow
+@pytest.mark.default_codegen
 def test_sharded_step_equals_the_unsharded_one():
   """opt.update and opt.train_step with ZeRO on (2, 4) against the jitted
   step on one device from the same initial state (so the same blocks): the

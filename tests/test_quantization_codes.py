@@ -331,6 +331,7 @@ def test_quantized_state_takes_the_code(bits):
     shardopt.quantized_state(shardopt.adam(1e-2), bits, code="linear")
 
 
+@pytest.mark.default_codegen
 @pytest.mark.parametrize("bits,code", [(8, "companded"), (4, "companded"),
                                        (4, "dynamic")])
 def test_the_other_backends_forms_give_the_same_state(bits, code):

@@ -378,6 +378,7 @@ def test_bad_arguments_say_what_to_do():
     shardopt.describe_quantized_state(shardopt.adam(0.1), {})
 
 
+@pytest.mark.default_codegen
 def test_bits_as_an_array_names_static_args_and_static_bits_work():
   """``inject_hyperparams`` turns a number into an array unless it is named
   in ``static_args`` (as optax's); the state's width cannot be one."""

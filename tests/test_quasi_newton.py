@@ -12,6 +12,7 @@ from tests import oracle
 from tests.test_linesearch import assert_runs_match, objective, run
 
 
+@pytest.mark.default_codegen
 @pytest.mark.parametrize("kwargs", [
     dict(), dict(memory_size=3, scale_init_precond=False)])
 def test_fixed_step_matches_optax(kwargs):
@@ -28,6 +29,7 @@ def test_fixed_step_matches_optax(kwargs):
       raise AssertionError(f"step {step}: {err}") from None
 
 
+@pytest.mark.default_codegen
 @pytest.mark.parametrize("memory_size", [10, 4])
 def test_with_zoom_linesearch_matches_optax(memory_size):
   def build(lib):
