@@ -14,8 +14,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # 175 -> 112 CPU-seconds); XLA:CPU's elemental emitter
 # (--xla_cpu_use_fusion_emitters=false) halves it again (the harness's sharded
 # step cells, cold cache: 348 -> 175 s; the whole suite on a fresh clone:
-# 1897 -> 1210 s). Both change how loops are generated, not the program XLA
-# runs: sharding, collectives and every computation's HLO are the ones users
+# 1897 -> 1210 s). Both change how XLA:CPU generates each kernel's code, not
+# the partitioned program: its shardings and collectives are the ones users
 # get. What they can change is rounding: tests marked ``default_codegen``
 # assert results that hold under XLA:CPU's default emitters only (two
 # different programs equal bit for bit, or optax's numbers to 1e-6 through a
