@@ -13,8 +13,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # its time. LLVM at -O0 cut the suite's CPU time by a third (a harness subset:
 # 175 -> 112 CPU-seconds); XLA:CPU's elemental emitter
 # (--xla_cpu_use_fusion_emitters=false) halves it again (the harness's sharded
-# step cells, cold cache: 348 -> 175 s; the whole suite on a fresh clone:
-# 1897 -> 1210 s). Both change how XLA:CPU generates each kernel's code, not
+# step cells, cold cache: 348 -> 175 s; `bash .ci/run` on a fresh clone with
+# 2 cores: 1897 -> 787 s, pytest's own count 762 s). Both change how XLA:CPU generates each kernel's code, not
 # the partitioned program: its shardings and collectives are the ones users
 # get. What they can change is rounding: tests marked ``default_codegen``
 # assert results that hold under XLA:CPU's default emitters only (two
