@@ -4,6 +4,8 @@ import os
 import pathlib
 import subprocess
 import sys
+import tempfile
+import xml.etree.ElementTree as ElementTree
 
 import pytest
 
@@ -14,9 +16,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # 175 -> 112 CPU-seconds); XLA:CPU's elemental emitter
 # (--xla_cpu_use_fusion_emitters=false) halves it again (the harness's sharded
 # step cells, cold cache: 348 -> 175 s; `bash .ci/run` on a fresh clone with
-# 2 cores: 1897 -> 787 s, pytest's own count 762 s). Both change how XLA:CPU generates each kernel's code, not
-# the partitioned program: its shardings and collectives are the ones users
-# get. What they can change is rounding: tests marked ``default_codegen``
+# 2 cores: 1897 -> 787 s, pytest's own count 762 s). Both change how XLA:CPU
+# generates each kernel's code, not the partitioned program: its shardings and
+# collectives are the ones users get. What they can change is rounding: tests marked ``default_codegen``
 # assert results that hold under XLA:CPU's default emitters only (two
 # different programs equal bit for bit, or optax's numbers to 1e-6 through a
 # line search or Newton-Schulz iterations, which amplify a last-bit
@@ -49,23 +51,32 @@ jax.config.update("jax_compilation_cache_dir", str(_CACHE))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
 _CHILD_TIMEOUT_S = 900
+# A JUnit test case's elements that are not an outcome (failure, error, skipped).
+_OUTPUT = {"system-out", "system-err", "properties"}
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem):
   """Runs a ``default_codegen`` test in a child pytest with XLA:CPU's default
   emitters (this process compiles with the elemental one) and reports its
-  outcome as this test's."""
+  outcome, read from the child's JUnit XML report, as this test's."""
   if _DEFAULT_CODEGEN or pyfuncitem.get_closest_marker("default_codegen") is None:
     return None
   env = dict(os.environ, XLA_FLAGS=" ".join(_USER_XLA_FLAGS),
              **{_DEFAULT_CODEGEN_ENV: "1"})
-  child = subprocess.run(
-      [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-       pyfuncitem.nodeid],
-      cwd=ROOT, env=env, capture_output=True, text=True, timeout=_CHILD_TIMEOUT_S)
-  summary = child.stdout.strip().splitlines()[-1:] or [""]
-  if child.returncode != 0 or not summary[0].lstrip("= ").startswith("1 passed"):
+  with tempfile.TemporaryDirectory() as tmp:
+    report = pathlib.Path(tmp) / "report.xml"
+    child = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         f"--junitxml={report}", pyfuncitem.nodeid],
+        cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=_CHILD_TIMEOUT_S)
+    cases = (ElementTree.parse(report).getroot().iter("testcase")
+             if report.exists() else ())
+    outcomes = [{element.tag for element in case} - _OUTPUT for case in cases]
+  if outcomes == [{"skipped"}]:
+    pytest.skip("skipped under XLA:CPU's default emitters (a child pytest)")
+  if child.returncode != 0 or outcomes != [set()]:  # one case, passed
     pytest.fail(f"under XLA:CPU's default emitters (a child pytest, exit "
                 f"{child.returncode}):\n{child.stdout[-6000:]}{child.stderr[-2000:]}",
                 pytrace=False)
