@@ -3,10 +3,16 @@ elemental emitter, ``default_codegen`` tests in a child pytest with the
 default emitters."""
 
 import os
+import pathlib
+import subprocess
+import sys
+import xml.etree.ElementTree as ElementTree
 
 import pytest
 
 _ELEMENTAL = "--xla_cpu_use_fusion_emitters=false"
+# A JUnit test case's elements that are not an outcome.
+_OUTPUT = {"system-out", "system-err", "properties"}
 
 
 def test_unmarked_tests_compile_with_the_elemental_emitter():
@@ -18,3 +24,45 @@ def test_marked_tests_run_in_a_child_with_the_default_emitters():
   assert os.environ["SHARDOPT_TESTS_DEFAULT_CODEGEN"] == "1"
   assert _ELEMENTAL not in os.environ["XLA_FLAGS"].split()
   assert "--xla_force_host_platform_device_count=8" in os.environ["XLA_FLAGS"].split()
+
+
+_CHILD_OUTCOMES = '''
+import pytest
+
+
+@pytest.mark.default_codegen
+def test_passes():
+  pass
+
+
+@pytest.mark.default_codegen
+def test_fails():
+  assert False
+
+
+@pytest.mark.default_codegen
+def test_skips():
+  pytest.skip("skipped in the child")
+'''
+
+
+def test_a_marked_tests_outcome_in_the_child_is_its_outcome(tmp_path):
+  """A suite of the conftest and three marked tests that pass, fail and skip
+  in the child pytest: the parent reports each outcome as itself."""
+  (tmp_path / "tests").mkdir()
+  (tmp_path / "tests" / "conftest.py").write_text(
+      (pathlib.Path(__file__).parent / "conftest.py").read_text())
+  (tmp_path / "tests" / "test_outcomes.py").write_text(_CHILD_OUTCOMES)
+  (tmp_path / "pytest.ini").write_text(
+      "[pytest]\nmarkers =\n  default_codegen: runs in a child pytest\n")
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("SHARDOPT_TESTS_DEFAULT_CODEGEN", "PYTEST_XDIST_WORKER",
+                      "PYTEST_ADDOPTS")}
+  report = tmp_path / "parent.xml"
+  subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                  f"--junitxml={report}", "tests/test_outcomes.py"],
+                 cwd=tmp_path, env=env, capture_output=True, timeout=300)
+  outcomes = {case.get("name"): sorted({e.tag for e in case} - _OUTPUT)
+              for case in ElementTree.parse(report).getroot().iter("testcase")}
+  assert outcomes == {"test_passes": [], "test_fails": ["failure"],
+                      "test_skips": ["skipped"]}
