@@ -5,7 +5,6 @@ import pathlib
 import subprocess
 import sys
 import tempfile
-import xml.etree.ElementTree as ElementTree
 
 import pytest
 
@@ -15,17 +14,17 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # its time. LLVM at -O0 cut the suite's CPU time by a third (a harness subset:
 # 175 -> 112 CPU-seconds); XLA:CPU's elemental emitter
 # (--xla_cpu_use_fusion_emitters=false) halves it again (the harness's sharded
-# step cells, cold cache: 348 -> 175 s; `bash .ci/run` on a fresh clone with
-# 2 cores: 1897 -> 787 s, pytest's own count 762 s). Both change how XLA:CPU
+# step cells, cold cache: 348 -> 175 s; `bash .ci/run` on a fresh clone with 2
+# cores: 1897 -> 787 s, pytest's own count 762 s). Both change how XLA:CPU
 # generates each kernel's code, not the partitioned program: its shardings and
-# collectives are the ones users get. What they can change is rounding: tests marked ``default_codegen``
-# assert results that hold under XLA:CPU's default emitters only (two
-# different programs equal bit for bit, or optax's numbers to 1e-6 through a
-# line search or Newton-Schulz iterations, which amplify a last-bit
-# difference), and run in a child pytest with the default emitters
+# collectives are the ones users get. What they can change is rounding: tests
+# marked ``default_codegen`` assert results that hold under XLA:CPU's default
+# emitters only (two different programs equal bit for bit, or optax's numbers
+# to 1e-6 through a line search or Newton-Schulz iterations, which amplify a
+# last-bit difference), and run in a child pytest with the default emitters
 # (``pytest_pyfunc_call`` below). The flags reach every subprocess a test
-# starts (launch_helpers.child_env), so in-process references and jobs
-# compile alike.
+# starts (launch_helpers.child_env), so in-process references and jobs compile
+# alike.
 _DEFAULT_CODEGEN_ENV = "SHARDOPT_TESTS_DEFAULT_CODEGEN"
 _DEFAULT_CODEGEN = os.environ.get(_DEFAULT_CODEGEN_ENV) == "1"
 _SUITE_FLAGS = ("--xla_force_host_platform_device_count=8",
@@ -42,6 +41,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 
+from tests import junit_report  # noqa: E402
+
 # Every program in the persistent cache, however quick to compile: the two
 # xdist workers and the jobs tests start compile many of the same programs
 # (an entry's unsharded reference, a job and its resume); the job tests took
@@ -51,8 +52,6 @@ jax.config.update("jax_compilation_cache_dir", str(_CACHE))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
 _CHILD_TIMEOUT_S = 900
-# A JUnit test case's elements that are not an outcome (failure, error, skipped).
-_OUTPUT = {"system-out", "system-err", "properties"}
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -71,9 +70,7 @@ def pytest_pyfunc_call(pyfuncitem):
          f"--junitxml={report}", pyfuncitem.nodeid],
         cwd=ROOT, env=env, capture_output=True, text=True,
         timeout=_CHILD_TIMEOUT_S)
-    cases = (ElementTree.parse(report).getroot().iter("testcase")
-             if report.exists() else ())
-    outcomes = [{element.tag for element in case} - _OUTPUT for case in cases]
+    outcomes = list(junit_report.outcomes(report).values())
   if outcomes == [{"skipped"}]:
     pytest.skip("skipped under XLA:CPU's default emitters (a child pytest)")
   if child.returncode != 0 or outcomes != [set()]:  # one case, passed

@@ -6,13 +6,12 @@ import os
 import pathlib
 import subprocess
 import sys
-import xml.etree.ElementTree as ElementTree
 
 import pytest
 
+from tests import junit_report
+
 _ELEMENTAL = "--xla_cpu_use_fusion_emitters=false"
-# A JUnit test case's elements that are not an outcome.
-_OUTPUT = {"system-out", "system-err", "properties"}
 
 
 def test_unmarked_tests_compile_with_the_elemental_emitter():
@@ -50,8 +49,9 @@ def test_a_marked_tests_outcome_in_the_child_is_its_outcome(tmp_path):
   """A suite of the conftest and three marked tests that pass, fail and skip
   in the child pytest: the parent reports each outcome as itself."""
   (tmp_path / "tests").mkdir()
-  (tmp_path / "tests" / "conftest.py").write_text(
-      (pathlib.Path(__file__).parent / "conftest.py").read_text())
+  for helper in ("__init__.py", "conftest.py", "junit_report.py"):
+    (tmp_path / "tests" / helper).write_text(
+        (pathlib.Path(__file__).parent / helper).read_text())
   (tmp_path / "tests" / "test_outcomes.py").write_text(_CHILD_OUTCOMES)
   (tmp_path / "pytest.ini").write_text(
       "[pytest]\nmarkers =\n  default_codegen: runs in a child pytest\n")
@@ -62,7 +62,5 @@ def test_a_marked_tests_outcome_in_the_child_is_its_outcome(tmp_path):
   subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                   f"--junitxml={report}", "tests/test_outcomes.py"],
                  cwd=tmp_path, env=env, capture_output=True, timeout=300)
-  outcomes = {case.get("name"): sorted({e.tag for e in case} - _OUTPUT)
-              for case in ElementTree.parse(report).getroot().iter("testcase")}
-  assert outcomes == {"test_passes": [], "test_fails": ["failure"],
-                      "test_skips": ["skipped"]}
+  assert junit_report.outcomes(report) == {
+      "test_passes": set(), "test_fails": {"failure"}, "test_skips": {"skipped"}}
