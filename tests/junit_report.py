@@ -7,10 +7,18 @@ import xml.etree.ElementTree as ElementTree
 _OUTPUT = {"system-out", "system-err", "properties"}
 
 
+def _outcome(element) -> str:
+  """An outcome element's tag; an expected failure (``skipped`` of type
+  ``pytest.xfail``) is ``xfailed``."""
+  xfailed = element.tag == "skipped" and element.get("type") == "pytest.xfail"
+  return "xfailed" if xfailed else element.tag
+
+
 def outcomes(report: pathlib.Path) -> dict[str, set[str]]:
-  """Per test case name, its outcome elements: empty for a pass; {} when
-  the report was not written."""
+  """Per test case name, its outcomes (failure, error, skipped, xfailed):
+  empty for a pass; {} when the report was not written."""
   if not report.exists():
     return {}
-  return {case.get("name"): {element.tag for element in case} - _OUTPUT
+  return {case.get("name"): {_outcome(element) for element in case
+                             if element.tag not in _OUTPUT}
           for case in ElementTree.parse(report).getroot().iter("testcase")}

@@ -42,12 +42,19 @@ def test_fails():
 @pytest.mark.default_codegen
 def test_skips():
   pytest.skip("skipped in the child")
+
+
+@pytest.mark.default_codegen
+@pytest.mark.xfail(strict=True, raises=ZeroDivisionError, reason="expected")
+def test_xfails():
+  1 / 0
 '''
 
 
 def test_a_marked_tests_outcome_in_the_child_is_its_outcome(tmp_path):
-  """A suite of the conftest and three marked tests that pass, fail and skip
-  in the child pytest: the parent reports each outcome as itself."""
+  """A suite of the conftest and four marked tests that pass, fail, skip and
+  fail as expected in the child pytest: the parent reports each outcome as
+  itself."""
   (tmp_path / "tests").mkdir()
   for helper in ("__init__.py", "conftest.py", "junit_report.py"):
     (tmp_path / "tests" / helper).write_text(
@@ -63,4 +70,5 @@ def test_a_marked_tests_outcome_in_the_child_is_its_outcome(tmp_path):
                   f"--junitxml={report}", "tests/test_outcomes.py"],
                  cwd=tmp_path, env=env, capture_output=True, timeout=300)
   assert junit_report.outcomes(report) == {
-      "test_passes": set(), "test_fails": {"failure"}, "test_skips": {"skipped"}}
+      "test_passes": set(), "test_fails": {"failure"}, "test_skips": {"skipped"},
+      "test_xfails": {"xfailed"}}
