@@ -74,7 +74,8 @@ def _contents(folder: pathlib.Path, checkpoint_dir) -> str:
   parts = [f"checkpoint steps {steps}" if steps else "no checkpoints"]
   if unfinished:
     parts.append(f"unfinished saves {', '.join(unfinished)}")
-  parts.append(f"metrics.jsonl with {metrics_records(folder)} records")
+  if pathlib.Path(folder) != pathlib.Path(checkpoint_dir):  # a run folder, not a bare --checkpoint-dir
+    parts.append(f"metrics.jsonl with {metrics_records(folder)} records")
   return "; ".join(parts)
 
 

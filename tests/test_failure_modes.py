@@ -341,7 +341,8 @@ def test_shared_checkpoint_dir_without_out(tmp_path, monkeypatch):
   (tmp_path / "shared" / "7").mkdir(parents=True)
   resumed = cli.parse_args(["--resume", "--checkpoint-dir", "shared"])
   assert run_folder.prepare(resumed) == (True, None) and resumed.out.startswith("runs/lm-")
-  with pytest.raises(cli.UsageError, match="--checkpoint-dir shared already holds a run"):
+  with pytest.raises(cli.UsageError, match=r"--checkpoint-dir shared already holds a run"
+                     r" \(checkpoint steps \[7\]\): pass --resume"):  # no run folder's metrics
     run_folder.prepare(cli.parse_args(["--checkpoint-dir", "shared"]))
   with pytest.raises(cli.UsageError, match="nothing to resume: empty"):
     run_folder.prepare(cli.parse_args(["--resume", "--checkpoint-dir", "empty"]))
