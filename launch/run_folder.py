@@ -69,23 +69,26 @@ def metrics_records(folder) -> int:
   return len(path.read_text().splitlines()) if path.is_file() else 0
 
 
-def _contents(folder: pathlib.Path, checkpoint_dir) -> str:
+def _contents(folder: pathlib.Path, checkpoint_dir, run_folder: bool = True) -> str:
+  """The checkpoints' steps and, in a run folder (not a bare --checkpoint-dir),
+  its metrics records."""
   steps, unfinished = finalized_steps(checkpoint_dir), unfinished_saves(checkpoint_dir)
   parts = [f"checkpoint steps {steps}" if steps else "no checkpoints"]
   if unfinished:
     parts.append(f"unfinished saves {', '.join(unfinished)}")
-  if pathlib.Path(folder) != pathlib.Path(checkpoint_dir):  # a run folder, not a bare --checkpoint-dir
+  if run_folder:
     parts.append(f"metrics.jsonl with {metrics_records(folder)} records")
   return "; ".join(parts)
 
 
-def describe(folder, checkpoint_dir=None) -> str:
-  """What a run folder holds, in a few words (for error messages)."""
+def describe(folder, checkpoint_dir=None, run_folder: bool = True) -> str:
+  """What a run folder (or, not ``run_folder``, a bare --checkpoint-dir)
+  holds, in a few words (for error messages)."""
   folder = pathlib.Path(folder)
   checkpoint_dir = folder / "checkpoints" if checkpoint_dir is None else checkpoint_dir
   if not folder.exists() and not epath.Path(checkpoint_dir).exists():
     return f"{folder} (does not exist)"
-  return f"{folder} ({_contents(folder, checkpoint_dir)})"
+  return f"{folder} ({_contents(folder, checkpoint_dir, run_folder)})"
 
 
 def newest_resumable(root: pathlib.Path = RUNS) -> pathlib.Path:
@@ -150,13 +153,15 @@ def _resolve_default_out(args: argparse.Namespace) -> tuple[bool, str | None]:
 def _check_contents(args: argparse.Namespace, steps: list[int]) -> None:
   """Raises UsageError when the folder does not fit --resume (read only)."""
   holder = args.checkpoint_dir if args.out is None else args.out  # named in messages
+  is_run = args.out is not None
   if args.resume == "required" and not steps:
-    raise UsageError(f"--resume: nothing to resume: {describe(holder, args.checkpoint_dir)}."
+    found = describe(holder, args.checkpoint_dir, is_run)
+    raise UsageError(f"--resume: nothing to resume: {found}."
                      " Start without --resume, or use --resume auto to start fresh when"
                      " there is no checkpoint")
   if not args.resume and (steps or (args.out and metrics_records(args.out))):
-    contents = _contents(pathlib.Path(holder), args.checkpoint_dir)
-    raise UsageError(f"{'--out' if args.out else '--checkpoint-dir'} {holder} already holds a"
+    contents = _contents(pathlib.Path(holder), args.checkpoint_dir, is_run)
+    raise UsageError(f"{'--out' if is_run else '--checkpoint-dir'} {holder} already holds a"
                      f" run ({contents}): pass --resume to continue it, or choose another"
                      " --out or --checkpoint-dir to start afresh")
 
