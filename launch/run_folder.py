@@ -69,7 +69,7 @@ def metrics_records(folder) -> int:
   return len(path.read_text().splitlines()) if path.is_file() else 0
 
 
-def _contents(folder: pathlib.Path, checkpoint_dir, run_folder: bool = True) -> str:
+def _contents(folder: pathlib.Path, checkpoint_dir, run_folder: bool) -> str:
   """The checkpoints' steps and, in a run folder (not a bare --checkpoint-dir),
   its metrics records."""
   steps, unfinished = finalized_steps(checkpoint_dir), unfinished_saves(checkpoint_dir)
@@ -152,8 +152,8 @@ def _resolve_default_out(args: argparse.Namespace) -> tuple[bool, str | None]:
 
 def _check_contents(args: argparse.Namespace, steps: list[int]) -> None:
   """Raises UsageError when the folder does not fit --resume (read only)."""
-  holder = args.checkpoint_dir if args.out is None else args.out  # named in messages
-  is_run = args.out is not None
+  is_run = args.out is not None  # a run folder, not a bare --checkpoint-dir
+  holder = args.out if is_run else args.checkpoint_dir  # named in messages
   if args.resume == "required" and not steps:
     found = describe(holder, args.checkpoint_dir, is_run)
     raise UsageError(f"--resume: nothing to resume: {found}."
