@@ -159,7 +159,7 @@ def _check_contents(args: argparse.Namespace, steps: list[int]) -> None:
     raise UsageError(f"--resume: nothing to resume: {found}."
                      " Start without --resume, or use --resume auto to start fresh when"
                      " there is no checkpoint")
-  if not args.resume and (steps or (args.out and metrics_records(args.out))):
+  if not args.resume and (steps or (is_run and metrics_records(args.out))):
     contents = _contents(pathlib.Path(holder), args.checkpoint_dir, is_run)
     raise UsageError(f"{'--out' if is_run else '--checkpoint-dir'} {holder} already holds a"
                      f" run ({contents}): pass --resume to continue it, or choose another"
