@@ -295,6 +295,8 @@ def _check_processes(args: argparse.Namespace) -> None:
 def _check_paths(args: argparse.Namespace) -> None:
   for name in ("out", "checkpoint_dir"):
     path = getattr(args, name)
+    if path is not None and not path.strip():
+      raise UsageError(f"{_flag(name)} {path!r}: an empty path; name a folder")
     if path is not None and "://" not in path and os.path.exists(path) and (
         not os.path.isdir(path)):
       raise UsageError(f"{_flag(name)} {path}: is a file, not a folder; name a folder")

@@ -139,6 +139,8 @@ ARGUMENT_CASES = [  # (id, arguments, what the message must name)
     ("opt_not_a_number", ["--optimizer", "adafactor", "--opt", "decay_rate=fast"],
      ["--opt", "'fast' is not a number"]),
     ("d_model_odd", ["--d-model", "63"], ["--d-model 63", "even"]),
+    ("out_empty", ["--out", ""], ["--out ''", "empty path"]),
+    ("checkpoint_dir_blank", ["--checkpoint-dir", " "], ["--checkpoint-dir ' '", "empty path"]),
 ]
 
 
