@@ -191,14 +191,18 @@ def _locks(args: argparse.Namespace) -> list[tuple[str, str]]:
 
 
 def _hold(args: argparse.Namespace, say) -> tuple[list[run_lock.RunLock], list[str]]:
-  """Takes the run's locks, creating their folders: (locks, folders created). On failure
-  releases what it took and removes the folders it created."""
+  """Takes the run's locks, creating their folders: (locks, folders created); then, with them
+  held, refuses folders inside another live run's (of two runs starting at once, at least one
+  sees the other's lock). On failure releases what it took and removes the folders it
+  created."""
   taken, created = [], []
   try:
     for flag, folder in _locks(args):
       if _make(flag, folder):
         created.append(folder)
       taken.append(run_lock.RunLock.acquire(folder, flag, warn=say))
+    for flag, folder in (("--out", args.out), ("--checkpoint-dir", args.checkpoint_dir)):
+      run_lock.refuse_if_held(flag, folder, own=[lock.path for lock in taken])
   except UsageError:
     _undo(taken, created)
     raise

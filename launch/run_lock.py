@@ -9,6 +9,10 @@ with its pid and start time; on another host, no heartbeat for ``STALE_AFTER_S``
 seconds. A stale lock is taken over (renamed away first, so of two runs taking
 it over only one succeeds). In a multi-process job process 0 holds it.
 
+A folder is in use while a live run holds its lock or the lock of a folder
+above it: a run's folder holds all it writes (``refuse_if_held``), so no other
+run may write anywhere inside it, e.g. with a --checkpoint-dir there.
+
 Nothing here imports jax, so the job can check a folder before importing it.
 """
 
@@ -80,8 +84,10 @@ def holder_of(folder) -> tuple[Holder, str | None] | None:
   path = pathlib.Path(folder) / LOCK_NAME
   try:
     text, age = path.read_text(), time.time() - path.stat().st_mtime
-  except FileNotFoundError:
+  except (FileNotFoundError, NotADirectoryError):
     return None
+  except OSError:
+    text, age = "", 0.0  # unreadable
   try:
     holder = Holder(**json.loads(text))
   except (ValueError, TypeError):
@@ -89,10 +95,9 @@ def holder_of(folder) -> tuple[Holder, str | None] | None:
   return holder, holder.gone(age)
 
 
-def _in_use(flag: str, folder, holder: Holder) -> UsageError:
+def _in_use(flag: str, folder, holder: Holder, lock: pathlib.Path) -> UsageError:
   return UsageError(f"{flag} {folder} is in use by another run ({holder.describe()}; lock"
-                    f" {pathlib.Path(folder) / LOCK_NAME}): wait for it to end, or choose another"
-                    f" {flag}")
+                    f" {lock}): wait for it to end, or choose another {flag}")
 
 
 class RunLock:
@@ -118,7 +123,7 @@ class RunLock:
         continue  # released meanwhile
       holder, why = found
       if why is None:
-        raise _in_use(flag, folder, holder)
+        raise _in_use(flag, folder, holder, path)
       if cls._set_aside(path):
         warn(f"warning: {flag} {folder}: took over the lock of a run that is gone"
              f" ({holder.describe()}: {why})")
@@ -167,9 +172,23 @@ class RunLock:
         pass  # the folder is gone or read-only: nothing left to release
 
 
-def refuse_if_held(flag: str, folder) -> None:
-  """Raises UsageError when a live run holds ``folder`` (reads only: a fast check before the job
-  imports jax; ``None`` or a URL: nothing to check)."""
-  found = holder_of(folder) if folder and "://" not in folder else None
-  if found is not None and found[1] is None:
-    raise _in_use(flag, folder, found[0])
+def _live_lock_above(folder, own) -> tuple[pathlib.Path, Holder] | None:
+  """(the lock file, its holder) of the nearest of ``folder`` and the folders above it that a
+  live run holds, the locks at ``own`` (this run's) aside; None when there is none."""
+  mine = {os.path.realpath(path) for path in own}
+  here = pathlib.Path(os.path.realpath(folder))
+  for place in (here, *here.parents):
+    lock = place / LOCK_NAME
+    found = None if str(lock) in mine else holder_of(place)
+    if found is not None and found[1] is None:
+      return lock, found[0]
+  return None
+
+
+def refuse_if_held(flag: str, folder, own=()) -> None:
+  """Raises UsageError when a live run other than this one (whose lock files are ``own``) holds
+  ``folder`` or a folder above it (reads only: a fast check before the job imports jax, and
+  again once this run holds its locks; ``None`` or a URL: nothing to check)."""
+  found = _live_lock_above(folder, own) if folder and "://" not in folder else None
+  if found is not None:
+    raise _in_use(flag, folder, found[1], found[0])

@@ -291,6 +291,67 @@ def test_a_folder_in_use_is_refused_at_once_naming_the_holder(run, tmp_path):
   assert hashes(run) == before
 
 
+@pytest.mark.parametrize("inside", ["checkpoints", "."])
+@pytest.mark.parametrize("resume", [[], ["--resume"]])
+def test_a_checkpoint_dir_inside_a_running_jobs_folder_is_refused(run, tmp_path, inside, resume):
+  """Another --out with a --checkpoint-dir in (or at) the folder of a running job: exit 2 at
+  once naming the holder; its checkpoints stay as they are, the other --out is not created."""
+  before = hashes(run)
+  checkpoint_dir = os.path.normpath(run / inside)
+  held = run_lock.RunLock.acquire(run)
+  try:
+    started = time.monotonic()
+    result = job(tmp_path, *RUN, "--steps", "6", *resume, "--out", str(tmp_path / "other"),
+                 "--checkpoint-dir", checkpoint_dir)
+    elapsed = time.monotonic() - started
+  finally:
+    held.release()
+  usage_error(result, f"--checkpoint-dir {checkpoint_dir} is in use by another run",
+              f"pid {os.getpid()}", f"lock {run / run_lock.LOCK_NAME}")
+  assert elapsed < 5, elapsed  # before jax is imported
+  assert hashes(run) == before and not (tmp_path / "other").exists()
+
+
+def test_a_folder_under_a_lock_taken_meanwhile_is_refused_and_left_as_it_was(tmp_path):
+  """The check once the run holds its locks (a job that took its lock after the check before
+  jax): nothing of the refused run is left, not even the folders it created."""
+  running = tmp_path / "running"
+  running.mkdir()
+  held = run_lock.RunLock.acquire(running)
+  try:
+    args = cli.parse_args(["--out", str(tmp_path / "other"),
+                           "--checkpoint-dir", str(running / "checkpoints")])
+    with contextlib.ExitStack() as stack, pytest.raises(
+        cli.UsageError, match=f"--checkpoint-dir {running / 'checkpoints'} is in use by another"
+        f" run .*pid {os.getpid()}"):
+      run_folder.prepare(args, held=stack)
+  finally:
+    held.release()
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["running"]
+  assert list(running.iterdir()) == []
+
+
+def test_a_lock_above_a_folder_is_its_holders(tmp_path):
+  """run_lock.refuse_if_held: the folder, or any folder above it, locked by a live run; a lock
+  of this run's (``own``) or of a run that is gone does not count."""
+  outer = tmp_path / "a"
+  deep = outer / "b" / "c"
+  deep.mkdir(parents=True)
+  lock = run_lock.RunLock.acquire(outer)
+  try:
+    for folder in (outer, deep, outer / "not-yet"):
+      with pytest.raises(cli.UsageError, match=f"in use by another run.*lock {lock.path}"):
+        run_lock.refuse_if_held("--checkpoint-dir", str(folder))
+    run_lock.refuse_if_held("--out", str(deep), own=[lock.path])
+    run_lock.refuse_if_held("--out", str(tmp_path))  # above the lock: not inside the run
+  finally:
+    lock.release()
+  dead = subprocess.Popen(["true"])
+  dead.wait()
+  _write_lock(outer, pid=dead.pid)
+  run_lock.refuse_if_held("--out", str(deep))
+
+
 def _write_lock(folder: pathlib.Path, **fields) -> pathlib.Path:
   holder = {"host": run_lock.socket.gethostname(), "pid": os.getpid(), "started": None,
             "since": time.time(), **fields}
