@@ -14,11 +14,13 @@ on it are checked by the job before it creates anything. A bad argument is a
 import argparse
 import math
 import os
+import pathlib
 
 from launch import defaults
 
-__all__ = ["NonFiniteError", "StorageError", "UsageError", "check_args", "explicit_flags", "finish",
-           "parse_args", "set_cpu_devices", "several_processes", "step_range"]
+__all__ = ["NonFiniteError", "StorageError", "UsageError", "blocking_part", "check_args",
+           "explicit_flags", "finish", "parse_args", "set_cpu_devices", "several_processes",
+           "step_range"]
 
 
 class UsageError(Exception):
@@ -292,14 +294,29 @@ def _check_processes(args: argparse.Namespace) -> None:
                      f" {args.num_processes}")
 
 
+def blocking_part(path: str) -> tuple[str, str] | None:
+  """(the part of ``path``, what it is) that keeps a folder from being there: ``path`` or a
+  folder above it that is a file, or a symbolic link to nothing; None when there is none."""
+  for part in (pathlib.Path(path), *pathlib.Path(path).parents):
+    if os.path.isdir(part):
+      return None
+    if os.path.islink(part) and not os.path.exists(part):
+      return str(part), f"a symbolic link to {os.readlink(part)}, which does not exist"
+    if os.path.exists(part):
+      return str(part), "a file, not a folder"
+  return None
+
+
 def _check_paths(args: argparse.Namespace) -> None:
   for name in ("out", "checkpoint_dir"):
     path = getattr(args, name)
     if path is not None and not path.strip():
       raise UsageError(f"{_flag(name)} {path!r}: an empty path; name a folder")
-    if path is not None and "://" not in path and os.path.exists(path) and (
-        not os.path.isdir(path)):
-      raise UsageError(f"{_flag(name)} {path}: is a file, not a folder; name a folder")
+    blocked = blocking_part(path) if path is not None and "://" not in path else None
+    if blocked is not None:
+      part, what = blocked
+      where = "" if part == str(pathlib.Path(path)) else f"{part} "
+      raise UsageError(f"{_flag(name)} {path}: {where}is {what}; name another folder")
 
 
 def _check_precision(args: argparse.Namespace) -> None:

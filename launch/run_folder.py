@@ -15,6 +15,7 @@ from etils import epath
 
 from launch import run_lock
 from launch.cli import UsageError
+from launch.cli import blocking_part
 
 __all__ = ["RUNS", "claim_new", "describe", "finalized_steps", "metrics_records",
            "new_name", "newest_resumable", "prepare", "set_aside_metrics", "unfinished_saves"]
@@ -34,6 +35,10 @@ def claim_new(base: pathlib.Path) -> pathlib.Path:
   ``mkdir`` without ``exist_ok`` is atomic: of two runs started in the same
   second, each gets a folder of its own.
   """
+  blocked = blocking_part(str(base.parent))
+  if blocked is not None:
+    raise UsageError(f"cannot create the run folder {base}: {blocked[0]} is {blocked[1]} (new run"
+                     " folders go in it); move it away, or pass --out")
   for n in range(1, 1000):
     path = base if n == 1 else base.with_name(f"{base.name}-{n}")
     try:

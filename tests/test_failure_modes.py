@@ -165,6 +165,33 @@ def test_out_that_is_a_file(tmp_path):
   assert (tmp_path / "taken").read_text() == "keep me"
 
 
+@pytest.mark.parametrize("flag,path,culprits", [
+    ("--out", "afile/sub", ["--out afile/sub: afile is a file, not a folder"]),
+    ("--checkpoint-dir", "afile/ck", ["--checkpoint-dir afile/ck: afile is a file, not a folder"]),
+    ("--out", "dangling", ["--out dangling: is a symbolic link to nowhere, which does not exist"]),
+    ("--out", "dangling/sub", ["--out dangling/sub: dangling is a symbolic link to nowhere"]),
+])
+def test_a_path_through_a_file_or_a_dangling_link(tmp_path, flag, path, culprits):
+  """No folder can be made there: exit 2 naming the part in the way (not an OSError of the
+  lock code), and the working directory as it was."""
+  work = tmp_path / "work"
+  work.mkdir()
+  (work / "afile").write_text("keep me")
+  (work / "dangling").symlink_to("nowhere")
+  usage_error(job(tmp_path, *h.TINY, "--steps", "2", flag, path, cwd=work), *culprits)
+  assert sorted(p.name for p in work.iterdir()) == ["afile", "dangling"]
+  assert (work / "afile").read_text() == "keep me" and not (work / "nowhere").exists()
+
+
+def test_a_file_named_runs_where_new_run_folders_go(tmp_path):
+  work = tmp_path / "work"
+  work.mkdir()
+  (work / "runs").write_text("keep me")
+  usage_error(job(tmp_path, *h.TINY, "--steps", "2", cwd=work),
+              "cannot create the run folder runs/lm-", "runs is a file, not a folder", "--out")
+  assert [p.name for p in work.iterdir()] == ["runs"] and (work / "runs").read_text() == "keep me"
+
+
 # Run folders and --resume --------------------------------------------------
 
 def test_resume_with_no_runs_at_all(tmp_path):
