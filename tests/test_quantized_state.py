@@ -372,6 +372,12 @@ def test_bad_arguments_say_what_to_do():
     shardopt.quantized_state(shardopt.adam(0.1), bits=3)
   with pytest.raises(ValueError, match="power of two"):
     shardopt.quantized_state(shardopt.adam(0.1), block_size=100)
+  with pytest.raises(ValueError, match="block_size=0; expected a power of two"):
+    shardopt.quantized_state(shardopt.adam(0.1), block_size=0)
+  default = shardopt.describe_quantized_state(
+      shardopt.quantized_state(shardopt.adam(0.1), 4, block_size=None),
+      {"w": jnp.ones((64, 128))})
+  assert {l.tile for l in default.leaves} == {(1, 128)}  # 128 at 4 bits
   with pytest.raises(ValueError, match="code='flat'"):
     shardopt.quantized_state(shardopt.adam(0.1), code="flat")
   with pytest.raises(TypeError, match="holds no shardopt.quantized_state"):

@@ -272,8 +272,8 @@ def quantized_state(
     inner: any transformation (shardopt's, or optax's: see
       ``shardopt._src.moments.OPTAX_MOMENTS``).
     bits: 8 or 4.
-    block_size: elements per block, a power of two; default 256 at 8 bits
-      and 128 at 4 bits (4 bytes of scale per block).
+    block_size: elements per block, a power of two; None (default): 256 at
+      8 bits and 128 at 4 bits (4 bytes of scale per block).
     min_size: moments with fewer elements stay in float (default 4096).
     code: the code family, ``"companded"`` or ``"dynamic"``
       (``shardopt/_src/quantization/codes.py``).
@@ -295,7 +295,8 @@ def quantized_state(
           ("bits", bits), ("block_size", block_size), ("min_size", min_size)))
   if bits not in (8, 4):
     raise ValueError(f"quantized_state: bits={bits}; expected 8 or 4.")
-  block_size = block_size or _DEFAULT_BLOCK_SIZE[bits]
+  if block_size is None:
+    block_size = _DEFAULT_BLOCK_SIZE[bits]
   if block_size < 2 or block_size & (block_size - 1):
     raise ValueError(f"quantized_state: block_size={block_size}; expected a "
                      "power of two >= 2 (e.g. 128 or 256).")
