@@ -9,6 +9,7 @@ declared non-negative, moved its update 27-38% at 8 bits).
 """
 
 import importlib
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -70,3 +71,35 @@ def test_optax_sm3_momentum_is_signed_and_its_covers_are_kept():
   stored = {l.path: l.stored for l in report.leaves}
   assert stored["[0].nu['w']"] == "companded-signed-8"
   assert stored["[0].mu['w'][0]"] == "float32"
+
+
+class _Layer(NamedTuple):
+  kernel: jax.Array
+  bias: jax.Array
+
+
+@moments.declare_moments(m=moments.SIGNED)
+class _PerParamState(NamedTuple):
+  m: jax.Array
+  x: jax.Array
+
+
+class _OuterState(NamedTuple):  # declares no moment
+  acc: _Layer
+  per_param: _Layer
+
+
+@pytest.mark.parametrize("as_tuple", [False, True], ids=["dict", "NamedTuple"])
+def test_a_params_namedtuple_is_a_container_not_a_state_class(as_tuple):
+  """Below an undeclared field, the params' own NamedTuple keeps the
+  field's name; a state class inside it (one per param) is still read."""
+  kernel, bias = jnp.zeros((2, 3)), jnp.zeros((3,))
+  params = _Layer(kernel, bias) if as_tuple else {"kernel": kernel,
+                                                  "bias": bias}
+  state = _OuterState(
+      acc=params, per_param=jax.tree.map(lambda p: _PerParamState(p, p),
+                                         params))
+  acc = moments.LeafKind(None, "_OuterState.acc")
+  m = moments.LeafKind(moments.SIGNED, "_PerParamState.m")
+  x = moments.LeafKind(None, "_PerParamState.x")
+  assert moments.leaf_kinds(state, params) == [acc, acc, m, x, m, x]

@@ -176,6 +176,28 @@ def test_iterates_copies_and_accumulators_are_kept_and_reported(tx, kept):
   assert quantized_leaves  # its moments are quantized all the same
 
 
+class Layer(NamedTuple):
+  kernel: jax.Array
+  bias: jax.Array
+
+
+@pytest.mark.parametrize("tx,prefix,field", [
+    (lambda: shardopt.MultiSteps(shardopt.adam(1e-2), 2)
+     .gradient_transformation(), ".acc_grads", "MultiStepsState.acc_grads"),
+    (lambda: optax.adan(1e-2), "[0].g", "ScaleByAdanState.g"),
+], ids=["MultiSteps.acc_grads", "optax.adan.g"])
+def test_a_kept_leaf_of_namedtuple_params_names_its_state_field(tx, prefix,
+                                                                 field):
+  """Params in a NamedTuple: a kept leaf's reason names the state's class
+  and field, never the params' own class and field (``Layer.kernel``)."""
+  params = Layer(jnp.ones((64, 128)), jnp.ones((128,)))
+  report = shardopt.describe_quantized_state(
+      shardopt.quantized_state(tx()), params)
+  reasons = {l.path: l.reason for l in report.leaves}
+  assert reasons[f"{prefix}.kernel"] == f"not a declared moment ({field})"
+  assert reasons[f"{prefix}.bias"] == f"not a declared moment ({field})"
+
+
 @shardopt.declare_moments(fine="signed", wide="signed", min_bits={"wide": 8})
 class _FlooredState(NamedTuple):
   fine: jax.Array

@@ -25,7 +25,8 @@ shardopt's wrappers, are declared in ``OPTAX_MOMENTS`` (their floors in
 ``OPTAX_MIN_BITS``), keyed by the class's module and qualified name; a
 state class declared nowhere has no moments. The decision depends on the
 state's classes and fields only, never on the names of the params (a param
-named ``v`` is not a second moment).
+named ``v`` is not a second moment); a NamedTuple of a class the params'
+own tree uses is a container of params, never a state class.
 """
 
 from collections.abc import Callable
@@ -174,26 +175,49 @@ def _children(node) -> list[Any]:
   return jax.tree.leaves(node, is_leaf=lambda x: x is not node)
 
 
-def _walk(node, found: LeafKind, out: list[LeafKind]) -> None:
-  fields = getattr(type(node), "_fields", None)
-  if isinstance(node, tuple) and fields is not None and found.kind is None:
+def _is_leaf(node) -> bool:
+  children = _children(node)
+  return len(children) == 1 and children[0] is node
+
+
+def _is_named_tuple(node) -> bool:
+  return isinstance(node, tuple) and hasattr(type(node), "_fields")
+
+
+def _named_tuple_classes(tree) -> set[type]:
+  """The NamedTuple classes of ``tree``'s nodes."""
+  if _is_leaf(tree):
+    return set()
+  own = {type(tree)} if _is_named_tuple(tree) else set()
+  return own.union(*map(_named_tuple_classes, _children(tree)))
+
+
+def _walk(node, found: LeafKind, params_classes: set[type],
+          out: list[LeafKind]) -> None:
+  if (_is_named_tuple(node) and found.kind is None
+      and type(node) not in params_classes):
     declared = declared_moments(type(node)) or {}
     floors = declared_min_bits(type(node))
-    for name, child in zip(fields, node):
+    for name, child in zip(node._fields, node):
       _walk(child, LeafKind(declared.get(name),
                             f"{type(node).__name__}.{name}",
-                            floors.get(name, 0)), out)
+                            floors.get(name, 0)), params_classes, out)
     return
-  children = _children(node)
-  if len(children) == 1 and children[0] is node:
+  if _is_leaf(node):
     out.append(found)
     return
-  for child in children:
-    _walk(child, found, out)
+  for child in _children(node):
+    _walk(child, found, params_classes, out)
 
 
-def leaf_kinds(state) -> list[LeafKind]:
-  """Per leaf of ``state`` (``jax.tree.leaves`` order), what it is."""
+def leaf_kinds(state, params) -> list[LeafKind]:
+  """Per leaf of ``state`` (``jax.tree.leaves`` order), what it is.
+
+  ``params`` are those ``init`` built ``state`` from: a NamedTuple of a
+  class their tree uses is a container of params (a tree ``init`` mapped
+  over them), not a state class, so its leaves keep the state field they
+  lie in.
+  """
   out: list[LeafKind] = []
-  _walk(state, LeafKind(None, ""), out)
+  _walk(state, LeafKind(None, ""), _named_tuple_classes(params), out)
   return out

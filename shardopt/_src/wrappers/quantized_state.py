@@ -100,7 +100,7 @@ class _Quantizer:
   def decide(self, state, params) -> list[_Decision | None]:
     """Per leaf of ``inner``'s state: how it is stored (None: not a float
     array, nothing to report)."""
-    kinds = moments.leaf_kinds(state)
+    kinds = moments.leaf_kinds(state, params)
     owners = ownership.state_owners(self.inner.init, params, state)
     param_shapes = [tuple(p.shape) for p in jax.tree.leaves(params)]
     decisions = []
@@ -129,11 +129,12 @@ class _Quantizer:
     at least the ``min_bits`` it declares."""
     return kind.kind != moments.NONNEGATIVE, max(self.bits, kind.min_bits)
 
-  def _conformed(self, state, template):
+  def _conformed(self, state, template, params):
     """``state`` as this wrapper stores it where a holder of the state
     rebuilt its ``QuantizedArray``s as mappings of their codes and scales
     (``state_structure``: flax's ``nnx.Optimizer``), each one's metadata
-    from the moment it stores; ``state`` itself otherwise."""
+    from the moment it stores (``template``: ``inner``'s state built from
+    ``params``); ``state`` itself otherwise."""
     is_leaf = qa.is_quantized
     if (jax.tree.structure(state, is_leaf=is_leaf)
         == jax.tree.structure(template, is_leaf=is_leaf)):
@@ -141,7 +142,7 @@ class _Quantizer:
     stored = state_structure.leaves_by_path(state)
     paths = [state_structure.path_names(path) for path, _ in
              jax.tree_util.tree_flatten_with_path(template)[0]]
-    kinds = dict(zip(paths, moments.leaf_kinds(template)))
+    kinds = dict(zip(paths, moments.leaf_kinds(template, params)))
 
     def as_stored(path, leaf):
       key = state_structure.path_names(path)
@@ -178,7 +179,7 @@ class _Quantizer:
     # Decodes (and encodes back) the leaves this wrapper quantized: float in
     # ``inner``'s own state; an inner quantized_state's stay as they are.
     template = jax.eval_shape(self.inner.init, updates)
-    state = self._conformed(state, template)
+    state = self._conformed(state, template, updates)
     float_state = jax.tree.map(
         lambda x, t: qa.decode(x, t.dtype) if _ours(x, t) else x,
         state, template, is_leaf=qa.is_quantized)
