@@ -230,8 +230,9 @@ _AT_LEAST = {  # flag: smallest value
     "head_dim": 1, "mlp": 1, "warmup_steps": 0, "checkpoint_every": 0,
     "keep_checkpoints": 1, "log_every": 1, "cpu_devices": 0, "schedule_steps": 1,
     "init_timeout": 1, "heartbeat_timeout": 1, "num_processes": 1, "process_id": 0,
-    "eval_every": 0, "eval_batches": 1, "sample_every": 0,
+    "eval_every": 0, "eval_batches": 1, "sample_every": 0, "seed": 0,
 }
+_AT_MOST = {"seed": (2**32 - 1, "jax's PRNG keys take 32-bit seeds")}  # flag: (value, why)
 
 
 def _flag(name: str) -> str:
@@ -257,6 +258,10 @@ def _check_numbers(args: argparse.Namespace) -> None:
     value = getattr(args, name)
     if value is not None and value < low:
       raise UsageError(f"{_flag(name)} {value}: must be at least {low}")
+  for name, (high, why) in _AT_MOST.items():
+    value = getattr(args, name)
+    if value is not None and value > high:
+      raise UsageError(f"{_flag(name)} {value}: must be at most {high} ({why})")
   for name in ("lr", "peak_tflops"):
     value = getattr(args, name)
     if value is not None and not (math.isfinite(value) and value > 0):

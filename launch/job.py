@@ -43,7 +43,8 @@ from launch.model import ModelConfig, Transformer, next_token_loss
 from launch.profile import ProfileWindow
 from launch.stop import StopRequest
 from launch.optim import build_schedule, update_arguments, with_param_dtype, with_state_bits
-from launch.validation import NonFiniteGuard, as_usage_error, checked_mesh, checked_optimizer
+from launch.validation import NonFiniteGuard, as_optimizer_error, as_usage_error, checked_mesh
+from launch.validation import checked_optimizer
 
 # Steps dispatched ahead of the host at most, whatever --log-every: XLA:CPU aborts a
 # collective whose participants wait more than 40 s, which a long queue of steps reached
@@ -202,20 +203,18 @@ def _due(every: int, step: int, last: int) -> bool:
   return bool(every) and (step % every == 0 or step == last)
 
 
-def _train(args, mesh, model, opt, evaluation, initial, manager, guard, config, stop):
-  """Trains from ``initial`` (params, optimizer state, step) to --steps or a
-  stop signal (``stop``); returns (the last step, the signal that stopped it or None)."""
+def _train(args, mesh, step_fn, evaluation, initial, manager, guard, config, stop):
+  """Trains from ``initial`` (params, optimizer state, step) with ``step_fn`` (the traced
+  ``steps.train_step``) to --steps or a stop signal (``stop``); returns (the last step, the
+  signal that stopped it or None)."""
   params, opt_state, start = initial
   meta = {"seed": args.seed, "optimizer": args.optimizer, "mesh": dict(mesh.shape),
           "config": config}
   out, is_main = pathlib.Path(args.out), jax.process_index() == 0
-  loss_fn = lambda p, tokens: next_token_loss(model, p, tokens)
   corpus = data.split(data.load_corpus())[0]
   batch = lambda step: data.sharded_batch(corpus, args.seed, step, args.batch, args.seq_len,
                                           mesh)
-  train_step, flops = throughput.compile_step(
-      steps.train_step(opt, loss_fn, update_arguments(args.optimizer)), params,
-      opt_state, batch(start))
+  train_step, flops = throughput.compile_step(step_fn, params, opt_state, batch(start))
   peak = throughput.peak_flops(args.peak_tflops)
   _say(evaluation.describe(args),
        f"FLOPs per step: {flops / 1e9:.3g} GFLOP (XLA's cost analysis of the compiled step,"
@@ -324,11 +323,16 @@ def run(args: argparse.Namespace, stop: StopRequest) -> int:
 def _run(args: argparse.Namespace, stop: StopRequest, held: contextlib.ExitStack) -> int:
   init_distributed(args)
   mesh = checked_mesh(args)
-  model, tx = _model(args), checked_optimizer(args)
-  with as_usage_error(f"--mesh {args.mesh} --rules {args.rules} and the model sizes"):
-    rules, specs, abstract, opt = _layout(args, mesh, model, tx)
-  abstract_state = partitioning.abstract_params(
-      jax.eval_shape(opt.init, abstract), opt.state_shardings)
+  model = _model(args)
+  with as_optimizer_error(args):  # every value checked before the run folder is settled
+    tx = checked_optimizer(args)
+    with as_usage_error(f"--mesh {args.mesh} --rules {args.rules} and the model sizes"):
+      rules, specs, abstract, opt = _layout(args, mesh, model, tx)
+    abstract_state = partitioning.abstract_params(
+        jax.eval_shape(opt.init, abstract), opt.state_shardings)
+    step_fn = steps.train_step(opt, lambda p, tokens: next_token_loss(model, p, tokens),
+                               update_arguments(args.optimizer))
+    steps.trace(step_fn, abstract, abstract_state, (args.batch, args.seq_len))
   evaluation = _HeldOut(args, mesh, model, opt.param_shardings,
                         data.split(data.load_corpus())[1])
   if stop.agreed():
@@ -350,8 +354,9 @@ def _run(args: argparse.Namespace, stop: StopRequest, held: contextlib.ExitStack
                          " --skip-nonfinite to skip such steps.")
   _describe(args, mesh, rules, specs, abstract, abstract_state, opt)
   try:
-    step, start, stopped = _restore_and_train(args, mesh, model, opt, abstract, abstract_state,
-                                              evaluation, resumed, config, guard, stop)
+    step, start, stopped = _restore_and_train(args, mesh, model, opt, step_fn, abstract,
+                                              abstract_state, evaluation, resumed, config, guard,
+                                              stop)
     if stopped is not None and step == start:
       _say(_stopped_before_training(args, stopped, start, resumed, created))
       return 0
@@ -369,8 +374,8 @@ def _run(args: argparse.Namespace, stop: StopRequest, held: contextlib.ExitStack
   return 0
 
 
-def _restore_and_train(args, mesh, model, opt, abstract, abstract_state, evaluation, resumed,
-                       config, guard, stop):
+def _restore_and_train(args, mesh, model, opt, step_fn, abstract, abstract_state, evaluation,
+                       resumed, config, guard, stop):
   """(last step, first step, the signal that stopped it or None): opens the checkpoints,
   restores on --resume, trains, and closes the checkpoints (the last save finalized)."""
   manager = _open_manager(args)
@@ -381,7 +386,7 @@ def _restore_and_train(args, mesh, model, opt, abstract, abstract_state, evaluat
       manager.close()
       manager = _open_manager(args)
     guard.resume_from(opt_state)
-    step, stopped = _train(args, mesh, model, opt, evaluation, (params, opt_state, start),
+    step, stopped = _train(args, mesh, step_fn, evaluation, (params, opt_state, start),
                            manager, guard, config, stop)
   finally:
     manager.close()

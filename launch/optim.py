@@ -15,8 +15,8 @@ import typing
 
 import shardopt
 
-__all__ = ["HYPERPARAMETER_FLAGS", "build_optimizer", "build_schedule", "update_arguments",
-           "with_param_dtype", "with_state_bits"]
+__all__ = ["HYPERPARAMETER_FLAGS", "NOT_IN_THE_JOB", "build_optimizer", "build_schedule",
+           "given_keywords", "update_arguments", "with_param_dtype", "with_state_bits"]
 
 HYPERPARAMETER_FLAGS = ("b1", "b2", "eps", "weight_decay", "momentum")
 
@@ -66,16 +66,21 @@ def _params(fn) -> dict:
   return dict(inspect.signature(fn).parameters)
 
 
-def _takes_int(param) -> bool:
-  """The parameter is an integer: its annotation names ``int`` and no other
-  type but None (``int``, ``int | None``), or, unannotated, its default is
-  an int. (``b1: float | int | Array`` takes a float.)"""
+def _number_kind(param) -> type | None:
+  """What a number given for the parameter becomes: ``int`` where its annotation names int
+  and no other type but None (``int``, ``int | None``), ``bool`` where it names bool alone,
+  ``float`` where it names int or float among others (``b1: float | int | Array``), None
+  where it takes no number (a dtype, a mask, a transformation, a string). Unannotated: by its
+  default."""
   annotation = param.annotation
-  if annotation is not inspect.Parameter.empty:
-    kinds = typing.get_args(annotation) or (annotation,)
-    return [kind for kind in kinds if kind is not type(None)] == [int]
-  default = param.default
-  return isinstance(default, int) and not isinstance(default, bool)
+  if annotation is inspect.Parameter.empty:
+    default = type(param.default)
+    return default if default in (bool, int) else float
+  kinds = [kind for kind in typing.get_args(annotation) or (annotation,)
+           if kind is not type(None)]
+  if kinds in ([int], [bool]):
+    return kinds[0]
+  return float if int in kinds or float in kinds else None
 
 
 JOB_SETS = {"learning_rate": "--lr and --schedule"}  # keywords the job passes itself
@@ -88,15 +93,34 @@ def _spelled(name: str, value, args: argparse.Namespace) -> str:
   return f"--opt {name}={value:g}"
 
 
-def _as_default_type(name: str, value, param, args: argparse.Namespace):
-  """``--opt block_size=16`` parses as 16.0: an int where the keyword takes one (a fraction
-  there is an error)."""
-  if param is None or not _takes_int(param):
-    return value
-  if not float(value).is_integer():
-    raise ValueError(f"{_spelled(name, value, args)}: {args.optimizer}'s {name} takes an"
-                     " integer")
-  return int(value)
+def _as_keyword_type(name: str, value, param, args: argparse.Namespace):
+  """``--opt block_size=16`` parses as 16.0: an int where the keyword takes one (a count: a
+  fraction or a negative number there is an error), a bool where it takes one (0 or 1); a
+  ValueError where it takes no number (``mu_dtype``)."""
+  kind = _number_kind(param) if param is not None else float  # unknown: reported by the caller
+  said = f"{_spelled(name, value, args)}: {args.optimizer}'s {name}"
+  if kind is None:
+    raise ValueError(f"{said} is not a number ({_shown(param.annotation)}); --opt gives"
+                     " numbers only, leave it out")
+  if kind is int and not float(value).is_integer():
+    raise ValueError(f"{said} takes an integer")
+  if kind is int and value < 0:
+    raise ValueError(f"{said} takes an integer >= 0")
+  if kind is bool and value not in (0, 1):
+    raise ValueError(f"{said} takes 0 (false) or 1 (true)")
+  return kind(value)
+
+
+def _shown(annotation) -> str:
+  return annotation.__name__ if isinstance(annotation, type) else (
+      str(annotation).replace("typing.", ""))
+
+
+def given_keywords(args: argparse.Namespace) -> list[str]:
+  """The optimizer's keywords the user gave, as given: ``--b1 0.9``, ``--opt ns_steps=0``."""
+  flags = [f"--{k.replace('_', '-')} {getattr(args, k):g}" for k in HYPERPARAMETER_FLAGS
+           if getattr(args, k) is not None]
+  return flags + [f"--opt {key}={value:g}" for key, value in args.opt]
 
 
 def optimizer_kwargs(args: argparse.Namespace, factory) -> dict:
@@ -110,7 +134,7 @@ def optimizer_kwargs(args: argparse.Namespace, factory) -> dict:
       raise ValueError(f"--opt {key}={value:g}: {key} is given twice (also by {flag})")
     given[key] = value
   accepted = _params(factory)
-  given = {k: _as_default_type(k, v, accepted.get(k), args) for k, v in given.items()}
+  given = {k: _as_keyword_type(k, v, accepted.get(k), args) for k, v in given.items()}
   unknown = sorted(set(given) - set(accepted))
   if unknown:
     raise ValueError(
@@ -119,6 +143,10 @@ def optimizer_kwargs(args: argparse.Namespace, factory) -> dict:
   missing = [k for k, p in accepted.items() if k not in given and k != "learning_rate"
              and p.default is inspect.Parameter.empty
              and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+  not_numbers = [k for k in missing if _number_kind(accepted[k]) is None]
+  if not_numbers:
+    raise ValueError(f"--optimizer {args.optimizer}: needs {', '.join(not_numbers)}, which is not"
+                     " a number: the command line cannot give it; choose another optimizer")
   if missing:
     raise ValueError(f"--optimizer {args.optimizer}: needs {', '.join(missing)}; pass each as"
                      " --opt NAME=VALUE (numbers only)")
@@ -145,9 +173,19 @@ def _learning_rate(args: argparse.Namespace, factory):
   return args.lr
 
 
+# Aliases the job's training step cannot train, and why (refused before their keywords).
+NOT_IN_THE_JOB = {
+    "dpsgd": "it clips and noises the gradient of each example, and the job's step computes"
+             " the batch's mean gradient (no per-example axis)",
+}
+
+
 def build_optimizer(args: argparse.Namespace) -> shardopt.GradientTransformation:
   """The optimizer from --optimizer, its hyperparameters, --schedule and --clip-norm."""
   factory = _alias(args.optimizer)
+  if args.optimizer in NOT_IN_THE_JOB:
+    raise ValueError(f"--optimizer {args.optimizer}: cannot train in this job:"
+                     f" {NOT_IN_THE_JOB[args.optimizer]}; choose another optimizer")
   tx = factory(learning_rate=_learning_rate(args, factory), **optimizer_kwargs(args, factory))
   if args.clip_norm > 0:
     tx = shardopt.chain(shardopt.clip_by_global_norm(args.clip_norm), tx)

@@ -19,7 +19,7 @@ from jax.sharding import PartitionSpec as P
 import shardopt
 from launch.model import greedy_continue
 
-__all__ = ["STATS", "eval_loss", "greedy_sample", "stats", "train_step"]
+__all__ = ["STATS", "eval_loss", "greedy_sample", "stats", "trace", "train_step"]
 
 STATS = ("loss", "grad_norm", "update_norm", "param_norm")
 
@@ -35,6 +35,15 @@ def train_step(opt, loss_fn, extra_args: tuple[str, ...]) -> shardopt.sharding.T
   ``stats(loss, norms)`` is the dict of the scalars named in ``STATS``."""
   return opt.train_step(loss_fn, metrics=shardopt.sharding.global_norms,
                         extra_args=extra_args)
+
+
+def trace(step, params, state, batch_shape: tuple[int, int]) -> None:
+  """Traces ``step`` (a ``train_step``) on abstract ``params`` and ``state`` and an int32
+  batch of ``batch_shape`` in the step's batch layout, compiling nothing: what fails there
+  (the optimizer's update with the values given) fails before anything is written."""
+  batch = jax.ShapeDtypeStruct(batch_shape, jnp.int32)
+  batch = jax.ShapeDtypeStruct(batch_shape, jnp.int32, sharding=step.layout.shardings(batch))
+  jax.eval_shape(step.jitted, params, state, batch)
 
 
 def stats(loss, norms) -> dict:

@@ -14,9 +14,11 @@ import jax.numpy as jnp
 from launch.cli import NonFiniteError
 from launch.cli import UsageError
 from launch.optim import build_optimizer
+from launch.optim import given_keywords
 import partitioning
 
-__all__ = ["NonFiniteGuard", "as_usage_error", "checked_mesh", "checked_optimizer"]
+__all__ = ["NonFiniteGuard", "as_optimizer_error", "as_usage_error", "checked_mesh",
+           "checked_optimizer"]
 
 _AXES = ("data", "model")
 
@@ -32,6 +34,25 @@ def as_usage_error(flags: str):
   except ValueError as e:
     message = " ".join(str(e).split())
     raise UsageError(message if message.startswith("--") else f"{flags}: {message}") from e
+
+
+@contextlib.contextmanager
+def as_optimizer_error(args):
+  """Turns any error of building and tracing the optimizer (its state, its update) into a
+  UsageError naming the values the user gave it (``given_keywords``), whatever its type (an
+  IndexError of muon's ns_steps=0); with none given the error is the job's own, raised as
+  it is."""
+  try:
+    yield
+  except UsageError:
+    raise
+  except Exception as e:  # noqa: BLE001  (the values given fail; how is the optimizer's)
+    given = given_keywords(args)
+    if not given:
+      raise
+    first = (str(e).strip().splitlines() or [""])[0]
+    raise UsageError(f"--optimizer {args.optimizer} {' '.join(given)}: {args.optimizer} fails"
+                     f" with these values ({type(e).__name__}: {first}); change them") from e
 
 
 def checked_mesh(args) -> jax.sharding.Mesh:

@@ -141,6 +141,23 @@ ARGUMENT_CASES = [  # (id, arguments, what the message must name)
     ("d_model_odd", ["--d-model", "63"], ["--d-model 63", "even"]),
     ("out_empty", ["--out", ""], ["--out ''", "empty path"]),
     ("checkpoint_dir_blank", ["--checkpoint-dir", " "], ["--checkpoint-dir ' '", "empty path"]),
+    ("seed_negative", ["--seed", "-1"], ["--seed -1", "at least 0"]),
+    ("seed_beyond_32_bits", ["--seed", "99999999999999999999999"],
+     ["--seed 99999999999999999999999", "at most 4294967295"]),
+    # the optimizer's keywords: checked, then the optimizer built and its update traced, all
+    # before the run folder is settled:
+    ("opt_negative_count", ["--optimizer", "muon", "--opt", "ns_steps=-1"],
+     ["--opt ns_steps=-1", "integer >= 0"]),
+    ("opt_values_the_optimizer_fails_with", ["--optimizer", "muon", "--opt", "ns_steps=0"],
+     ["--optimizer muon --opt ns_steps=0: muon fails with these values", "IndexError"]),
+    ("opt_keyword_that_is_not_a_number", ["--optimizer", "adamw", "--opt", "mu_dtype=1"],
+     ["--opt mu_dtype=1", "not a number"]),
+    ("opt_switch_neither_0_nor_1", ["--opt", "nesterov=2"], ["--opt nesterov=2", "0 (false) or 1"]),
+    ("optimizer_needing_what_no_flag_gives", ["--optimizer", "schedule_free"],
+     ["--optimizer schedule_free", "base_optimizer", "not a number"]),
+    ("optimizer_the_job_cannot_train", ["--optimizer", "dpsgd", "--opt", "l2_norm_clip=1",
+                                        "--opt", "noise_multiplier=0.1", "--opt", "seed=0"],
+     ["--optimizer dpsgd: cannot train in this job", "gradient of each example"]),
 ]
 
 

@@ -2,6 +2,7 @@
 learning rate as each alias takes it."""
 
 import inspect
+import re
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +11,7 @@ import pytest
 
 from launch import cli
 from launch import optim
+from launch import validation
 import partitioning
 import shardopt
 
@@ -112,8 +114,12 @@ def test_every_alias_builds_with_the_jobs_learning_rate_and_plans_its_state(
   required = [k for k, p in inspect.signature(factory).parameters.items()
               if p.default is p.empty and k != "learning_rate"
               and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-  if required:  # dpsgd's clipping and noise, schedule_free's base optimizer
-    with pytest.raises(ValueError, match=f"needs {', '.join(required)}; pass each as --opt"):
+  if name in optim.NOT_IN_THE_JOB:  # dpsgd: per-example gradients
+    with pytest.raises(ValueError, match=f"^--optimizer {name}: cannot train in this job: "):
+      optim.build_optimizer(default)
+    return
+  if required:  # schedule_free's base optimizer (not a number: no flag gives it)
+    with pytest.raises(ValueError, match=f"needs {', '.join(required)}[;,] "):
       optim.build_optimizer(default)
     return
   if not optim.takes_schedule(factory):
@@ -134,3 +140,36 @@ def test_rprop_starts_from_the_step_size_lr(tmp_path):
                "--lr", "0.01", "--clip-norm", "0")
   state = optim.build_optimizer(args).init({"w": jnp.ones((4,))})
   np.testing.assert_array_equal(state[0].step_sizes["w"], np.full(4, 0.01, np.float32))
+
+
+@pytest.mark.parametrize("given, message", [
+    (["--opt", "nesterov=1"], None),
+    (["--opt", "nesterov=0.5"], "--opt nesterov=0.5: adamw's nesterov takes 0 (false) or 1"),
+    (["--opt", "state_bits=-8"], "--opt state_bits=-8: adamw's state_bits takes an integer >= 0"),
+    (["--opt", "mu_dtype=1"], "--opt mu_dtype=1: adamw's mu_dtype is not a number (Any | None)"),
+    (["--opt", "mask=0"], "--opt mask=0: adamw's mask is not a number"),
+])
+def test_keyword_values_take_the_keywords_type(tmp_path, given, message):
+  """A number given for a keyword becomes what its annotation names: a bool (0 or 1), a
+  count (an integer >= 0), a float; a keyword taking no number (a dtype, a mask) is refused."""
+  args = _args(tmp_path, "--optimizer", "adamw", *given)
+  if message is None:
+    kwargs = optim.optimizer_kwargs(args, shardopt.adamw)
+    assert kwargs == {"nesterov": True} and type(kwargs["nesterov"]) is bool
+    return
+  with pytest.raises(ValueError, match="^" + re.escape(message)):
+    optim.optimizer_kwargs(args, shardopt.adamw)
+
+
+def test_an_optimizer_failing_with_the_values_given_is_a_usage_error(tmp_path):
+  """validation.as_optimizer_error: whatever the error's type, with values given it names
+  them (exit 2); with none it is the job's own error, raised as it is (exit 1)."""
+  given = _args(tmp_path, "--optimizer", "muon", "--b1", "0.5", "--opt", "ns_steps=0")
+  with pytest.raises(cli.UsageError, match=re.escape(
+      "--optimizer muon --b1 0.5 --opt ns_steps=0: muon fails with these values"
+      " (IndexError: out of range); change them")):
+    with validation.as_optimizer_error(given):
+      raise IndexError("out of range")
+  with pytest.raises(IndexError):
+    with validation.as_optimizer_error(_args(tmp_path, "--optimizer", "muon")):
+      raise IndexError("out of range")
