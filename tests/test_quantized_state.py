@@ -7,6 +7,7 @@ float32 program compiled on the same mesh, bytes read from
 """
 
 import collections
+import logging
 import re
 from typing import NamedTuple
 import warnings
@@ -351,6 +352,52 @@ def test_updates_follow_optax_adam(bits, tolerance):
     # Mean error relative to the mean update; measured at most 0.026 (8-bit)
     # and 0.25 (4-bit) over these 10 steps.
     assert _relative_error(got["w"], want["w"]) <= tolerance, step
+
+
+def test_low_precision_params_inside_takes_float32_gradients():
+  """bfloat16 params, float32 gradients: ``update`` reads the state's
+  structure from the params, as ``init`` did (from the gradients it lacked
+  the correction's leaves and refused the state). The updates are the
+  float-state optimizer's: the first bit-equal, then within 5%."""
+  params = {"w": jax.random.normal(jax.random.key(1), (64, 128)).astype(
+      jnp.bfloat16)}
+  inner = shardopt.low_precision_params(shardopt.adamw(1e-2))
+  quantized = shardopt.quantized_state(inner, 8)
+  state, float_state = quantized.init(params), inner.init(params)
+  for step in range(5):
+    grads = jax.tree.map(lambda g: g.astype(jnp.float32),
+                         _grads(params, step))
+    got, state = jax.jit(quantized.update)(grads, state, params)
+    want, float_state = jax.jit(inner.update)(grads, float_state, params)
+    if step == 0:  # decoded from an exact zero state
+      np.testing.assert_array_equal(got["w"], want["w"])
+    assert _relative_error(got["w"], want["w"]) <= 0.05, step
+    params = shardopt.apply_updates(params, want)
+
+
+def test_lookahead_inside_logs_what_float_state_logs(caplog):
+  """optax's lookahead warns when its ``init`` gets no ``LookaheadParams``:
+  ``update`` builds its template from the params, so the quantized run
+  logs what the float-state run does (nothing), and follows its updates."""
+  fast = {"w": jax.random.normal(jax.random.key(2), (64, 128))}
+  params = optax.LookaheadParams(fast=fast, slow=fast)
+  tx = optax.lookahead(optax.adam(1e-2), 2, 0.5)
+
+  def run(tx):
+    caplog.clear()
+    state, updates = tx.init(params), []
+    with caplog.at_level(logging.WARNING):
+      for step in range(4):
+        update, state = jax.jit(tx.update)(_grads(fast, step), state, params)
+        updates.append(update)
+    return updates, [r.getMessage() for r in caplog.records]
+
+  want, float_logs = run(tx)
+  got, logs = run(shardopt.quantized_state(tx, 8))
+  assert logs == float_logs == []
+  for step, (g, w) in enumerate(zip(got, want)):
+    for g_leaf, w_leaf in zip(jax.tree.leaves(g), jax.tree.leaves(w)):
+      assert _relative_error(g_leaf, w_leaf) <= 0.05, step
 
 
 def test_alias_state_bits_quantizes_the_moments():

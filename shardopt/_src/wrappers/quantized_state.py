@@ -178,8 +178,11 @@ class _Quantizer:
   def update(self, updates, state, params=None, **extra_args):
     # Decodes (and encodes back) the leaves this wrapper quantized: float in
     # ``inner``'s own state; an inner quantized_state's stay as they are.
-    template = jax.eval_shape(self.inner.init, updates)
-    state = self._conformed(state, template, updates)
+    # The template is ``inner``'s state as ``init`` built it from the params
+    # (without params, from the gradients: their tree and shapes).
+    seen = updates if params is None else params
+    template = jax.eval_shape(self.inner.init, seen)
+    state = self._conformed(state, template, seen)
     float_state = jax.tree.map(
         lambda x, t: qa.decode(x, t.dtype) if _ours(x, t) else x,
         state, template, is_leaf=qa.is_quantized)
