@@ -400,6 +400,27 @@ def test_lookahead_inside_logs_what_float_state_logs(caplog):
       assert _relative_error(g_leaf, w_leaf) <= 0.05, step
 
 
+@pytest.mark.parametrize("inner,path", [
+    (lambda: shardopt.adamw(1e-2, state_bits=8), "[0].mu['w']"),
+    (lambda: shardopt.chain(shardopt.clip_by_global_norm(1.0),
+                            shardopt.adam(1e-2, state_bits=8)),
+     "[1][0].mu['w']"),
+], ids=["adamw-state_bits", "chain"])
+def test_a_quantized_state_inside_another_is_refused(inner, path):
+  """The outer ``bits`` could not apply to leaves the inner one already
+  quantized: ``init`` (and so ``describe_quantized_state``) raises naming
+  the first of them and what to do."""
+  params = {"w": jnp.ones((256, 512)), "b": jnp.ones((512,))}
+  tx = shardopt.quantized_state(inner(), 4)
+  message = re.escape(f"quantized_state(bits=4): the transformation it wraps"
+                      f" already stores quantized state (at {path} and 1"
+                      " more)") + ".*Quantize once"
+  with pytest.raises(ValueError, match=message):
+    tx.init(params)
+  with pytest.raises(ValueError, match=message):
+    shardopt.describe_quantized_state(tx, params)
+
+
 def test_alias_state_bits_quantizes_the_moments():
   params = {"w": jnp.ones((64, 128))}
   state = shardopt.adamw(0.1, state_bits=8).init(params)
@@ -703,7 +724,10 @@ def _transformations(oracle_only=False):
   from tests.test_harness import EXCEPTIONS
   cases = []
   for e in catalogue.ENTRIES:
-    if not e.transformation or (oracle_only and not e.oracle):
+    # quantized_state itself: nesting is refused
+    # (test_a_quantized_state_inside_another_is_refused).
+    if (not e.transformation or (oracle_only and not e.oracle)
+        or e.label == "quantized_state"):
       continue
     for bits in (8, 4):
       raises, reason = EXCEPTIONS.get((e.label, "sharded_step"), (None, ""))

@@ -69,12 +69,6 @@ def _is_float(x) -> bool:
   return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)
 
 
-def _ours(stored, inner_leaf) -> bool:
-  """Whether ``stored`` is a leaf this wrapper quantized: ``inner``'s own
-  leaf there is a float array."""
-  return qa.is_quantized(stored) and not qa.is_quantized(inner_leaf)
-
-
 class _Quantizer:
   """The configuration and the init/update of ``quantized_state``."""
 
@@ -159,6 +153,7 @@ class _Quantizer:
 
   def init(self, params):
     state = self.inner.init(params)
+    self._refuse_quantized(state)
     leaves, treedef = jax.tree.flatten(state)
     decisions = self.decide(state, params)
     # A moment's initial value is usually a constant (zeros): behind the
@@ -175,22 +170,38 @@ class _Quantizer:
       report.append((self.bits, self._rows(state, decisions, stored)))
     return jax.tree.unflatten(treedef, stored)
 
+  def _refuse_quantized(self, state) -> None:
+    """Raises where ``inner``'s own state already holds quantized leaves
+    (a ``quantized_state`` inside it): they would keep their width whatever
+    this wrapper's ``bits``, and each would be described twice."""
+    paths = [jax.tree_util.keystr(path) for path, x in
+             jax.tree_util.tree_flatten_with_path(
+                 state, is_leaf=qa.is_quantized)[0] if qa.is_quantized(x)]
+    if paths:
+      raise ValueError(
+          f"quantized_state(bits={self.bits}): the transformation it wraps "
+          f"already stores quantized state (at {paths[0]}"
+          f"{f' and {len(paths) - 1} more' if len(paths) > 1 else ''}): a "
+          "quantized_state inside it (e.g. adamw(..., state_bits=8)) fixed "
+          "its width. Quantize once: drop the inner state_bits (or "
+          "quantized_state), or this wrapper.")
+
   def update(self, updates, state, params=None, **extra_args):
-    # Decodes (and encodes back) the leaves this wrapper quantized: float in
-    # ``inner``'s own state; an inner quantized_state's stay as they are.
-    # The template is ``inner``'s state as ``init`` built it from the params
-    # (without params, from the gradients: their tree and shapes).
+    # Every ``QuantizedArray`` is this wrapper's (``init`` refuses an inner
+    # state that holds any): decoded to the dtype ``inner.init`` gives its
+    # moment from the params (without params, from the gradients: their tree
+    # and shapes), and encoded back in its tiles.
     seen = updates if params is None else params
     template = jax.eval_shape(self.inner.init, seen)
     state = self._conformed(state, template, seen)
     float_state = jax.tree.map(
-        lambda x, t: qa.decode(x, t.dtype) if _ours(x, t) else x,
+        lambda x, t: qa.decode(x, t.dtype) if qa.is_quantized(x) else x,
         state, template, is_leaf=qa.is_quantized)
     new_updates, new_state = self.inner.update(
         updates, float_state, params, **extra_args)
     new_state = jax.tree.map(
-        lambda old, new: qa.requantize(new, old) if _ours(old, new) else new,
-        state, new_state, is_leaf=qa.is_quantized)
+        lambda old, new: qa.requantize(new, old) if qa.is_quantized(old)
+        else new, state, new_state, is_leaf=qa.is_quantized)
     return new_updates, new_state
 
   def _rows(self, state, decisions, stored) -> list[QuantizedLeaf]:
@@ -267,6 +278,10 @@ def quantized_state(
   unsharded) tiles come from the global shape. ``update`` keeps the tiles
   the state has; ``checkpoints`` re-tiles a state restored onto a mesh
   whose tiles differ.
+
+  One width per leaf: ``inner`` must not hold a ``quantized_state`` itself
+  (``adamw(..., state_bits=8)``); ``init`` raises naming its first
+  quantized leaf.
 
   Non-finite values: the scale is the largest finite ``|x|`` of the block,
   ``+-inf`` is stored as ``+-scale`` and ``nan`` as the code nearest zero,
