@@ -20,8 +20,8 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-__all__ = ["CORPUS_PATH", "HELD_OUT_FRACTION", "batch_at", "eval_batches", "load_corpus",
-           "sharded_batch", "sharded_eval_batches", "split"]
+__all__ = ["CORPUS_PATH", "HELD_OUT_FRACTION", "batch_at", "check_seq_len", "eval_batches",
+           "load_corpus", "sharded_batch", "sharded_eval_batches", "split"]
 
 CORPUS_PATH = pathlib.Path(__file__).with_name("corpus.txt")
 HELD_OUT_FRACTION = 0.1
@@ -42,6 +42,17 @@ def split(corpus: np.ndarray,
   blank = text.find(b"\n\n")
   cut += blank + 2 if blank >= 0 else 0
   return corpus[:cut], corpus[cut:]
+
+
+def check_seq_len(length: int, train: np.ndarray, held_out: np.ndarray) -> None:
+  """A ValueError naming --seq-len and the longest that works when windows of ``length``
+  bytes do not fit: training windows in the training slice (``batch_at`` draws a start), the
+  greedy sample's prompt, the first half of a window, in the held-out slice."""
+  longest = min(train.size - 1, 2 * held_out.size + 2)
+  if length > longest:
+    raise ValueError(f"--seq-len {length}: at most {longest} with this corpus (training windows"
+                     f" lie in its {train.size}-byte training slice, the sample's prompt, the"
+                     f" first half of a window, in its {held_out.size}-byte held-out slice)")
 
 
 def batch_at(corpus: np.ndarray, seed: int, step: int, batch: int,

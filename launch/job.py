@@ -323,6 +323,9 @@ def run(args: argparse.Namespace, stop: StopRequest) -> int:
 def _run(args: argparse.Namespace, stop: StopRequest, held: contextlib.ExitStack) -> int:
   init_distributed(args)
   mesh = checked_mesh(args)
+  train_bytes, held_out = data.split(data.load_corpus())
+  with as_usage_error(f"--seq-len {args.seq_len}"):
+    data.check_seq_len(args.seq_len, train_bytes, held_out)
   model = _model(args)
   with as_optimizer_error(args):  # every value checked before the run folder is settled
     tx = checked_optimizer(args)
@@ -333,8 +336,7 @@ def _run(args: argparse.Namespace, stop: StopRequest, held: contextlib.ExitStack
     step_fn = steps.train_step(opt, lambda p, tokens: next_token_loss(model, p, tokens),
                                update_arguments(args.optimizer))
     steps.trace(step_fn, abstract, abstract_state, (args.batch, args.seq_len))
-  evaluation = _HeldOut(args, mesh, model, opt.param_shardings,
-                        data.split(data.load_corpus())[1])
+  evaluation = _HeldOut(args, mesh, model, opt.param_shardings, held_out)
   if stop.agreed():
     _say(f"stopped by signal {stop.signum or 'on another process'} before the run started:"
          " nothing was created")

@@ -48,6 +48,20 @@ def test_held_out_slice_is_never_trained_on():
   np.testing.assert_array_equal(batches.reshape(-1), held_out[:7 * 4 * 65])
 
 
+def test_the_longest_seq_len_trains_and_samples():
+  """data.check_seq_len's bound: one byte more is refused naming it; at the bound a
+  training window can be drawn and the sample's prompt (half a window) is held-out text."""
+  train_bytes, held_out = data.split(data.load_corpus())
+  with pytest.raises(ValueError, match=r"^--seq-len 200000: at most (\d+) ") as refused:
+    data.check_seq_len(200000, train_bytes, held_out)
+  longest = int(refused.value.args[0].split("at most ")[1].split()[0])
+  data.check_seq_len(longest, train_bytes, held_out)
+  with pytest.raises(ValueError, match=f"^--seq-len {longest + 1}: at most {longest} "):
+    data.check_seq_len(longest + 1, train_bytes, held_out)
+  assert data.batch_at(train_bytes, 0, 0, 2, longest).shape == (2, longest)
+  assert (longest - 1) // 2 <= held_out.size < longest // 2  # the prompt fits; one more would not
+
+
 def test_the_shipped_corpus_split():
   train_bytes, held_out = data.split(data.load_corpus())
   corpus = data.load_corpus()
