@@ -18,9 +18,26 @@ import pathlib
 
 from launch import defaults
 
-__all__ = ["NonFiniteError", "StorageError", "UsageError", "blocking_part", "check_args",
-           "explicit_flags", "finish", "parse_args", "set_cpu_devices", "several_processes",
-           "step_range"]
+HYPERPARAMETER_FLAGS = ("b1", "b2", "eps", "weight_decay", "momentum")  # optimizer keywords
+
+__all__ = ["EXIT_CODES", "EXIT_DONE", "EXIT_ERROR", "EXIT_NONFINITE", "EXIT_STORAGE",
+           "EXIT_USAGE", "HYPERPARAMETER_FLAGS", "NonFiniteError", "StorageError", "UsageError",
+           "blocking_part", "check_args", "explicit_flags", "finish", "keyword_values",
+           "parse_args", "set_cpu_devices", "several_processes", "step_range"]
+
+EXIT_DONE, EXIT_ERROR, EXIT_USAGE, EXIT_NONFINITE, EXIT_STORAGE = 0, 1, 2, 3, 4
+EXIT_CODES = {  # the job's exit codes and what each means (--help lists them)
+    str(EXIT_DONE): "done, or stopped by SIGTERM/SIGINT (with a checkpoint saved, or before step"
+                    " 1 with nothing left behind)",
+    str(EXIT_USAGE): "a bad argument, or a run folder that does not fit them or is in use by"
+                     " another run (one error: line, nothing created or changed)",
+    str(EXIT_NONFINITE): "a non-finite loss or state (no checkpoint of it written)",
+    str(EXIT_STORAGE): "a file of the run could not be written: disk full, permission lost,"
+                       " filesystem gone (one line naming the path and the newest complete"
+                       " checkpoint)",
+    "128 + N": "stopped at once by a second signal N (launch/stop.py)",
+    str(EXIT_ERROR): "any other error (one line; --debug shows the traceback)",
+}
 
 
 class UsageError(Exception):
@@ -94,7 +111,7 @@ def _add_optimizer(p) -> None:
   g.add_argument("--lr", type=float, default=None,
                  help="peak learning rate; default per optimizer, the best of"
                  f" {defaults.SOURCE}: {defaults.describe()}")
-  for name in ("b1", "b2", "eps", "weight_decay", "momentum"):
+  for name in HYPERPARAMETER_FLAGS:
     g.add_argument("--" + name.replace("_", "-"), type=float, default=None,
                    help="passed to the optimizer if given (its default otherwise)")
   g.add_argument("--opt", type=_key_value, action="append", default=[], metavar="NAME=NUMBER",
@@ -204,9 +221,8 @@ def parser() -> argparse.ArgumentParser:
       prog="python -m launch.train",
       description="Train a byte-level transformer LM with sharded params and"
       " sharded optimizer state. The defaults finish in under 2 minutes on 2 CPU"
-      " cores with 8 simulated devices. Exit codes: 0 done (or stopped by a"
-      " signal, checkpoint saved), 2 bad arguments or run folder, 3 non-finite"
-      " loss or state.",
+      " cores with 8 simulated devices. Exit codes: "
+      + "; ".join(f"{code} {meaning}" for code, meaning in EXIT_CODES.items()) + ".",
       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   for add in (_add_layout, _add_optimizer, _add_model_and_data, _add_outputs, _add_processes,
               _add_config):
@@ -239,10 +255,18 @@ def _flag(name: str) -> str:
   return "--" + name.replace("_", "-")
 
 
-_HYPERPARAMETER_RANGES = {  # flag: (lowest, highest) value
+_KEYWORD_RANGES = {  # optimizer keyword: (lowest, highest) value, by its flag or by --opt
     "b1": (0, 1), "b2": (0, 1), "momentum": (0, 1), "eps": (0, math.inf),
-    "weight_decay": (0, math.inf),
+    "eps_root": (0, math.inf), "weight_decay": (0, math.inf),
 }
+
+
+def keyword_values(args: argparse.Namespace) -> list[tuple[str, str, float]]:
+  """(as given, keyword, value) of each optimizer keyword the user gave: ``--b1 0.9``, then
+  ``--opt ns_steps=5``."""
+  flags = [(f"{_flag(name)} {getattr(args, name):g}", name, getattr(args, name))
+           for name in HYPERPARAMETER_FLAGS if getattr(args, name) is not None]
+  return flags + [(f"--opt {key}={value:g}", key, value) for key, value in args.opt]
 
 
 def _check_warmup(args: argparse.Namespace, given: bool) -> None:
@@ -270,17 +294,15 @@ def _check_numbers(args: argparse.Namespace) -> None:
     value = getattr(args, name)
     if not (math.isfinite(value) and value >= 0):
       raise UsageError(f"{_flag(name)} {value}: must be a finite number >= 0")
-  for name, (low, high) in _HYPERPARAMETER_RANGES.items():
-    value = getattr(args, name)
-    if value is not None and not (math.isfinite(value) and low <= value <= high):
-      bound = f">= {low:g}" if high == math.inf else f"from {low:g} to {high:g}"
-      raise UsageError(f"{_flag(name)} {value:g}: must be a finite number {bound}")
+  for given, name, value in keyword_values(args):
+    low, high = _KEYWORD_RANGES.get(name, (-math.inf, math.inf))
+    if not (math.isfinite(value) and low <= value <= high):
+      bound = ("" if low == -math.inf else f" >= {low:g}" if high == math.inf
+               else f" from {low:g} to {high:g}")
+      raise UsageError(f"{given}: must be a finite number{bound}")
   if args.d_model % 2:
     raise UsageError(f"--d-model {args.d_model}: must be even (the position encoding pairs a sine"
                      f" and a cosine per frequency), e.g. --d-model {args.d_model + 1}")
-  for key, value in args.opt:
-    if not math.isfinite(value):
-      raise UsageError(f"--opt {key}={value}: must be a finite number")
 
 
 def several_processes(args: argparse.Namespace) -> bool:

@@ -14,11 +14,12 @@ import inspect
 import typing
 
 import shardopt
+from launch import cli
 
 __all__ = ["HYPERPARAMETER_FLAGS", "NOT_IN_THE_JOB", "build_optimizer", "build_schedule",
-           "given_keywords", "update_arguments", "with_param_dtype", "with_state_bits"]
+           "update_arguments", "with_param_dtype", "with_state_bits"]
 
-HYPERPARAMETER_FLAGS = ("b1", "b2", "eps", "weight_decay", "momentum")
+HYPERPARAMETER_FLAGS = cli.HYPERPARAMETER_FLAGS
 
 # What an alias's update reads besides the gradients (``train_step``'s
 # ``extra_args``), where it is not the loss, its gradients and the loss as a
@@ -114,13 +115,6 @@ def _as_keyword_type(name: str, value, param, args: argparse.Namespace):
 def _shown(annotation) -> str:
   return annotation.__name__ if isinstance(annotation, type) else (
       str(annotation).replace("typing.", ""))
-
-
-def given_keywords(args: argparse.Namespace) -> list[str]:
-  """The optimizer's keywords the user gave, as given: ``--b1 0.9``, ``--opt ns_steps=0``."""
-  flags = [f"--{k.replace('_', '-')} {getattr(args, k):g}" for k in HYPERPARAMETER_FLAGS
-           if getattr(args, k) is not None]
-  return flags + [f"--opt {key}={value:g}" for key, value in args.opt]
 
 
 def optimizer_kwargs(args: argparse.Namespace, factory) -> dict:

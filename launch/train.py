@@ -5,15 +5,9 @@ with sharded params and sharded optimizer state on a device mesh, printing the
 mesh, the partition-rule table and the per-device memory plan first, then a
 progress line, and writing OUT/metrics.jsonl, OUT/loss.png and checkpoints.
 
-Exit codes: 0 done, or stopped by SIGTERM/SIGINT (with a checkpoint saved, or
-before step 1 with nothing left behind); 2 a bad argument or a run folder that
-does not fit them or is in use by another run (one ``error: ...`` line on
-stderr, nothing created or changed); 3 a non-finite loss or state (no
-checkpoint of it written); 4 a file of the run could not be written (disk
-full, permission lost, filesystem gone: one line naming the path and the
-newest complete checkpoint); 128 + N stopped at once by a second signal N; 1
-any other error (one line; ``--debug`` shows the traceback). Library log lines
-go to OUT/job.log, not the terminal.
+Exit codes: ``cli.EXIT_CODES``, what each means (``--help`` lists them,
+docs/failure-modes.md explains them). Library log lines go to OUT/job.log, not
+the terminal.
 """
 
 import sys
@@ -23,9 +17,12 @@ from launch import cli
 from launch import flags
 from launch import run_config
 from launch import run_lock
+from launch.cli import EXIT_DONE
+from launch.cli import EXIT_ERROR
+from launch.cli import EXIT_NONFINITE
+from launch.cli import EXIT_STORAGE
+from launch.cli import EXIT_USAGE
 from launch.stop import StopRequest
-
-EXIT_USAGE, EXIT_NONFINITE, EXIT_STORAGE, EXIT_ERROR = 2, 3, 4, 1
 
 
 def _error(error: Exception, debug: bool, named: bool) -> None:
@@ -61,7 +58,7 @@ def main(argv=None) -> int:
     args = flags.resolve(argv)
     if args.print_config:
       print(run_config.to_toml(args), end="", flush=True)
-      return 0
+      return EXIT_DONE
     return _run(args, stop)
   except cli.UsageError as e:
     _error(e, debug, named=False)

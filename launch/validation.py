@@ -13,8 +13,8 @@ import jax.numpy as jnp
 
 from launch.cli import NonFiniteError
 from launch.cli import UsageError
+from launch.cli import keyword_values
 from launch.optim import build_optimizer
-from launch.optim import given_keywords
 import partitioning
 
 __all__ = ["NonFiniteGuard", "as_optimizer_error", "as_usage_error", "checked_mesh",
@@ -39,7 +39,7 @@ def as_usage_error(flags: str):
 @contextlib.contextmanager
 def as_optimizer_error(args):
   """Turns any error of building and tracing the optimizer (its state, its update) into a
-  UsageError naming the values the user gave it (``given_keywords``), whatever its type (an
+  UsageError naming the values the user gave it (``cli.keyword_values``), whatever its type (an
   IndexError of muon's ns_steps=0); with none given the error is the job's own, raised as
   it is."""
   try:
@@ -47,7 +47,7 @@ def as_optimizer_error(args):
   except UsageError:
     raise
   except Exception as e:  # noqa: BLE001  (the values given fail; how is the optimizer's)
-    given = given_keywords(args)
+    given = [spelled for spelled, _, _ in keyword_values(args)]
     if not given:
       raise
     first = (str(e).strip().splitlines() or [""])[0]

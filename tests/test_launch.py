@@ -16,6 +16,19 @@ def test_help_lists_the_options(tmp_path):
     assert flag in text
 
 
+def test_help_and_the_docs_list_every_exit_code(tmp_path):
+  """--help lists each of cli.EXIT_CODES with its meaning (train.main exits with them);
+  docs/failure-modes.md explains each."""
+  from launch import cli
+  assert h.run(["launch.train", "--help"], tmp_path / "log", timeout=60) == 0
+  text = " ".join((tmp_path / "log").read_text().split())
+  assert set(cli.EXIT_CODES) == {"0", "1", "2", "3", "4", "128 + N"}
+  docs = (h.ROOT / "docs" / "failure-modes.md").read_text()
+  for code, meaning in cli.EXIT_CODES.items():
+    assert f"{code} {meaning}" in text, code
+    assert f"**{code}**" in docs, code
+
+
 def test_unknown_hyperparameter_names_the_optimizer(tmp_path, capsys):
   from launch import train
   assert train.main([*h.TINY, "--cpu-devices", "0", "--out", str(tmp_path / "run"),
