@@ -757,7 +757,7 @@ def _transformations(oracle_only=False):
     # quantized_state itself: nesting is refused
     # (test_a_quantized_state_inside_another_is_refused).
     if (not e.transformation or (oracle_only and not e.oracle)
-        or e.label == "quantized_state"):
+        or e.qualname == "quantized_state"):
       continue
     for bits in (8, 4):
       raises, reason = EXCEPTIONS.get((e.label, "sharded_step"), (None, ""))
