@@ -15,6 +15,7 @@ import functools
 
 import jax
 from jax.sharding import AxisType
+from jax.sharding import NamedSharding
 
 __all__ = ["in_layout", "mesh_of", "typed", "under_mesh", "update_in_layout"]
 
@@ -24,9 +25,9 @@ def mesh_of(shardings):
   return jax.tree.leaves(shardings)[0].mesh
 
 
-def _auto_axes(mesh) -> tuple[str, ...]:
+def _axes_of_type(mesh, axis_type) -> tuple[str, ...]:
   return tuple(name for name, kind in zip(mesh.axis_names, mesh.axis_types)
-               if kind == AxisType.Auto)
+               if kind == axis_type)
 
 
 def in_layout(tree, shardings):
@@ -56,7 +57,7 @@ def typed(fn, shardings):
   in its flatten order; any container) while ``fn`` runs, inside ``jit``;
   ``fn``'s results keep the mesh's axis types."""
   mesh = mesh_of(shardings)
-  auto = _auto_axes(mesh)
+  auto = _axes_of_type(mesh, AxisType.Auto)
 
   def call(x):
     shardings_of_x = jax.tree.unflatten(jax.tree.structure(x),
@@ -81,14 +82,51 @@ def update_in_layout(tx, grads, state, params, update_shardings,
   """``tx.update`` with grads and params (and any extra argument shaped
   like them, e.g. a line search's ``grad``) in their update layout, inside
   ``jit``; returns ``(updates, new_state)``, the updates in the params'
-  layout. ``params`` may be None (``tx.update`` then gets None)."""
+  layout. ``params`` may be None (``tx.update`` then gets None).
+
+  On Explicit mesh axes ``tx.update`` runs with those axes Auto
+  (``jax.sharding.auto_axes``), as on an Auto mesh: its inputs and outputs
+  keep the layouts fixed here and the state's own, and XLA's partitioner
+  places what it computes in between. A transformation written without
+  sharding types (optax's own: a ``vdot`` or a matmul over a split
+  dimension, an SVD) then runs on either kind of mesh.
+  """
+  mesh = mesh_of(update_shardings)
   grads = in_layout(grads, update_shardings)
   moved = None if params is None else in_layout(params, update_shardings)
   extra_args = {k: _extra_in_layout(k, v, params, update_shardings,
                                     param_shardings)
                 for k, v in extra_args.items()}
-  updates, new_state = tx.update(grads, state, moved, **extra_args)
+  arrays = {k: v for k, v in extra_args.items() if not callable(v)}
+  functions = {k: v for k, v in extra_args.items() if callable(v)}
+  update = _on_auto_axes(
+      lambda g, s, p, a: tx.update(g, s, p, **a, **functions), mesh,
+      (_specs(update_shardings), _specs(state)))
+  updates, new_state = update(grads, state, moved, arrays)
   return in_layout(updates, param_shardings), new_state
+
+
+def _on_auto_axes(fn, mesh, out_specs):
+  """``fn`` run with ``mesh``'s Explicit axes Auto, its results typed
+  ``out_specs`` again; ``fn`` itself where no axis is Explicit."""
+  explicit = _axes_of_type(mesh, AxisType.Explicit)
+  if not explicit:
+    return fn
+
+  def call(*args):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      return jax.sharding.auto_axes(fn, axes=explicit,
+                                    out_sharding=out_specs)(*args)
+
+  return call
+
+
+def _specs(tree):
+  """Each leaf's ``PartitionSpec``: of a ``NamedSharding``, or of the
+  sharding in an array's type."""
+  return jax.tree.map(
+      lambda x: x.spec if isinstance(x, NamedSharding)
+      else jax.typeof(x).sharding.spec, tree)
 
 
 # The extra arguments that are functions of the params (optax's line-search
@@ -99,14 +137,21 @@ _FUNCTIONS_OF_PARAMS = ("value_fn", "obj_fn")
 def _extra_in_layout(name, value, params, update_shardings, param_shardings):
   """An extra argument for ``tx.update``: shaped like the params, in the
   update layout; a function of the params, called with them laid back out
-  in their own (the user's loss sees the layout it was written for)."""
+  in their own and typed on the mesh's own axes (the user's loss sees the
+  layout it was written for, also where ``tx.update`` runs on Auto axes)."""
   if _params_like(value, params):
     return in_layout(value, update_shardings)
   if name in _FUNCTIONS_OF_PARAMS and callable(value):
+    explicit = _axes_of_type(mesh_of(param_shardings), AxisType.Explicit)
+
     @functools.wraps(value)  # its signature, for the keywords it accepts
     def in_params_layout(p, *args, **kwargs):
-      if _params_like(p, params):
-        p = in_layout(p, param_shardings)
-      return value(p, *args, **kwargs)
+      if not _params_like(p, params):
+        return value(p, *args, **kwargs)
+      call = lambda q: value(q, *args, **kwargs)
+      if explicit:
+        return jax.sharding.explicit_axes(
+            call, axes=explicit, in_sharding=(_specs(param_shardings),))(p)
+      return call(in_layout(p, param_shardings))
     return in_params_layout
   return value

@@ -12,7 +12,10 @@ receives the gradients and the params in their *update layout*
 (``StatePlan.update_shardings``: the params' shardings with the ZeRO axis on
 the dimension their state is split on), so its state, gradients and params
 agree inside every ``cond``, ``select`` or ``scan`` on Auto and on Explicit
-axes; the updates go back to the params' layout before they are applied.
+axes; the updates go back to the params' layout before they are applied. On
+Explicit axes ``tx.update`` itself runs with the axes Auto
+(``_layouts.update_in_layout``), so transformations written without sharding
+types (optax's own) run on either kind of mesh.
 
 Donation on XLA:CPU is sensitive to order: donated buffers must come back in
 the order they were passed, or the step allocates a full-size temporary and
