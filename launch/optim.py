@@ -3,9 +3,12 @@
 ``build_optimizer(args)`` looks the name up among shardopt's aliases (any of
 them: adam, adamw, adafactor, sgd, lion, ...; then shardopt.contrib's: muon,
 shampoo, soap, ...), passes the hyperparameters the user gave (and only those,
-so the alias's own defaults apply otherwise) and the learning rate as the
-alias's annotation declares it (a schedule, or a number: then --schedule must
-be constant), and wraps it with global-norm clipping when asked.
+so the alias's own defaults apply otherwise), each as the type its annotation
+names (a count, a switch, a float; a keyword taking no number is refused), and
+the learning rate as the alias's annotation declares it (a schedule, or a
+number: then --schedule must be constant), and wraps it with global-norm
+clipping when asked. An alias the job's step cannot train (``NOT_IN_THE_JOB``)
+is refused, saying why.
 """
 
 import argparse
