@@ -2,7 +2,8 @@
 
 A state is written as a flat dict ``{leaf name: array}`` (names are the
 dotted key paths, e.g. ``opt_state.0.mu.dense.kernel``) next to a JSON layout
-``{leaf name: {shape, dtype, key_impl}}``. Restoring never trusts the saved
+``{leaf name: {shape, dtype, key_impl}}`` (a quantized leaf's codes also
+say their code: ``quantized``). Restoring never trusts the saved
 tree's container types: the arrays are read by name and put back into the
 *target's* treedef, so ``TrainState``, optimizer-state NamedTuples,
 ``EmptyState``, ``None`` leaves and nnx ``State``/``Variable`` nodes come back
@@ -72,9 +73,11 @@ def _spec(name: str, leaf) -> dict:
   return {"shape": list(leaf.shape), "dtype": str(leaf.dtype), "key_impl": key_impl}
 
 
-def describe(pairs: list[tuple[str, Any]]) -> dict[str, dict]:
-  """``{leaf name: {"shape", "dtype", "key_impl"}}`` of ``named_leaves`` pairs: the JSON layout."""
-  return {name: _spec(name, leaf) for name, leaf in pairs}
+def describe(pairs: list[tuple[str, Any]], notes: dict[str, dict] | None = None) -> dict[str, dict]:
+  """``{leaf name: {"shape", "dtype", "key_impl"}}`` of ``named_leaves`` pairs: the JSON layout;
+  ``notes`` adds fields to named leaves (``retile.code_notes``: what quantized codes mean)."""
+  notes = notes or {}
+  return {name: {**_spec(name, leaf), **notes.get(name, {})} for name, leaf in pairs}
 
 
 def _host_local(leaf) -> bool:
@@ -101,10 +104,18 @@ def to_saveable(tree: Any) -> dict[str, Any]:
 
 
 def _compatible(saved: dict, target: dict) -> bool:
+  """Whether a leaf saved as ``saved`` restores into ``target``: the same
+  layout; a Python scalar from the same Python type or a 0-d array of its
+  kind (one saved by another process count). A record written before
+  quantized codes were described (no ``quantized`` field) matches on shapes
+  alone."""
   if target["dtype"].startswith("python:"):
     kind = {"python:bool": "b", "python:int": "iu", "python:float": "f"}[target["dtype"]]
-    return saved["shape"] == [] and saved["key_impl"] is None and (
-        saved["dtype"].startswith("python:") or np.dtype(saved["dtype"]).kind in kind)
+    same_kind = (saved["dtype"] == target["dtype"] if saved["dtype"].startswith("python:")
+                 else np.dtype(saved["dtype"]).kind in kind)
+    return saved["shape"] == [] and saved["key_impl"] is None and same_kind
+  if "quantized" not in saved:
+    target = {k: v for k, v in target.items() if k != "quantized"}
   return saved == target
 
 
@@ -120,7 +131,8 @@ def differences(saved: dict[str, dict], target: dict[str, dict]) -> list[tuple[s
 
 def _fmt(spec: dict) -> str:
   impl = f" ({spec['key_impl']} key)" if spec["key_impl"] else ""
-  return f"{spec['dtype']}{tuple(spec['shape'])}{impl}"
+  codes = f" ({spec['quantized']} codes)" if spec.get("quantized") else ""
+  return f"{spec['dtype']}{tuple(spec['shape'])}{impl}{codes}"
 
 
 def check_same(saved: dict[str, dict], target: dict[str, dict], what: str, hint=None) -> None:

@@ -18,6 +18,7 @@ from typing import NamedTuple
 from typing import NoReturn
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from checkpoints import failures
@@ -176,6 +177,9 @@ class CheckpointManager:
     """
     if self.read_only:
       raise CheckpointError(f"CheckpointManager({self.directory}, read_only=True) cannot save.")
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+      raise ValueError(f"save(step={step!r}): a step is an integer >= 0 (a negative one "
+                       "would be written but never listed or restored).")
     if not force and not self._mngr.should_save(step):
       return False
     metadata = _json(metadata or {}, "metadata")
@@ -300,15 +304,15 @@ class CheckpointManager:
     step = self._step(step)
     saved, metadata = self._record(step)
     read_target, retiled = retile.saved_tiles(target, saved.leaves)
-    pairs = layout.named_leaves(read_target)
+    pairs, notes = layout.named_leaves(read_target), retile.code_notes(read_target)
     what = f"Restoring step {step} from {self.directory}"
     if optimizer_changed == "reinit":
       _, pairs = split_optimizer(read_target, pairs, opt_state_key)
       saved_rest = {n: s for n, s in saved.leaves.items() if not is_optimizer_leaf(n, opt_state_key)}
-      layout.check_same(saved_rest, layout.describe(pairs), what)
+      layout.check_same(saved_rest, layout.describe(pairs, notes), what)
     else:
       hint = lambda paths: _reinit_hint(paths, opt_state_key)
-      layout.check_same(saved.leaves, layout.describe(pairs), what, hint)
+      layout.check_same(saved.leaves, layout.describe(pairs, notes), what, hint)
     values = self._read(step, pairs, saved, partial=len(pairs) < len(saved.leaves))
     state = layout.rebuild(read_target, layout.named_leaves(read_target), values, saved.leaves)
     if optimizer_changed == "reinit":
@@ -326,7 +330,8 @@ class CheckpointManager:
     saved, metadata = self._record(step)
     pairs = [(f"{prefix}.{n}", x) for n, x in layout.named_leaves(target)]
     under = {n: s for n, s in saved.leaves.items() if n.startswith(prefix + ".")}
-    layout.check_same(under, layout.describe(pairs), f"Restoring {prefix!r} of step {step} from {self.directory}")
+    layout.check_same(under, layout.describe(pairs, retile.code_notes(target, prefix)),
+                      f"Restoring {prefix!r} of step {step} from {self.directory}")
     values = self._read(step, pairs, saved, partial=True)
     return Restored(layout.rebuild(target, pairs, values, saved.leaves), step, metadata)
 

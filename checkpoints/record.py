@@ -1,7 +1,8 @@
 """The record saved beside each step's arrays: their layout, their checksums and a digest.
 
 The ``layout`` item is ``{"format", "algorithm", "seed", "leaves", "checksums",
-"digest"}``: ``leaves`` is each leaf's shape, dtype and key implementation,
+"digest"}``: ``leaves`` is each leaf's shape, dtype and key implementation
+(and a quantized leaf's code, ``retile.code_notes``),
 ``checksums`` each leaf's layout-independent checksum (checkpoints.integrity,
 at the points drawn from ``seed``), and ``digest`` a SHA-256 of the leaves,
 checksums, seed and the user metadata, so damage to these small JSON files is
@@ -17,6 +18,7 @@ from typing import Any
 from checkpoints import integrity
 from checkpoints import integrity_v2
 from checkpoints import layout
+from checkpoints import retile
 
 __all__ = ["FORMAT", "Record", "make", "parse"]
 
@@ -52,7 +54,7 @@ def make(state: Any, saveable: dict[str, Any], metadata: Any) -> dict:
 
   A collective with several processes: every process calls it.
   """
-  leaves = layout.describe(layout.named_leaves(state))
+  leaves = layout.describe(layout.named_leaves(state), retile.code_notes(state))
   seed = integrity.new_seed()
   sums = integrity.checksums(saveable, seed)
   return {"format": FORMAT, "algorithm": integrity.ALGORITHM, "seed": seed, "leaves": leaves,

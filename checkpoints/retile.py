@@ -9,6 +9,10 @@ target's layout where it divides them, else whole on every device);
 ``retile`` then re-encodes each one in the target's tiles, placed in the
 target's shardings. Where the tiles agree nothing changes: those leaves are
 read as they are, bit for bit.
+
+What the codes mean (width, code family, sign) is not in their shapes:
+``code_notes`` describes it for the saved layout, so a restore into codes
+of another meaning is refused as a layout difference, never misread.
 """
 
 from typing import Any
@@ -20,7 +24,7 @@ from jax.sharding import PartitionSpec
 import shardopt
 from checkpoints import layout
 
-__all__ = ["retile", "saved_tiles"]
+__all__ = ["code_notes", "retile", "saved_tiles"]
 
 
 def _is_quantized(x) -> bool:
@@ -54,6 +58,20 @@ def _stand_in(saved_spec: dict, like) -> jax.ShapeDtypeStruct:
   spec = like.sharding.spec if _divides(shape, like.sharding) else PartitionSpec()
   return jax.ShapeDtypeStruct(shape, like.dtype,
                               sharding=NamedSharding(like.sharding.mesh, spec))
+
+
+def code_notes(tree: Any, prefix: str = "") -> dict[str, dict]:
+  """``{name of each quantized leaf's codes: {"quantized": its code}}``
+  (e.g. ``"8-bit companded signed"``), the names as ``layout.named_leaves``
+  gives them (after ``prefix``, where given)."""
+  nodes = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_quantized)[0]
+  start = f"{prefix}." if prefix else ""
+  return {f"{start}{layout.leaf_name(path)}.codes": {"quantized": _meaning(node)}
+          for path, node in nodes if _is_quantized(node)}
+
+
+def _meaning(q) -> str:
+  return f"{q.bits}-bit {q.code} {'signed' if q.signed else 'non-negative'}"
 
 
 def saved_tiles(target: Any, saved: dict[str, dict]) -> tuple[Any, list[str]]:

@@ -169,3 +169,77 @@ def test_bad_user_metadata_and_missing_sharding_are_clear(tmp_path):
     mngr.wait_until_finished()
     with pytest.raises(ValueError, match=r"'x' has no sharding.*opt\.init\.eval_shape\(params\)"):
       mngr.restore({"x": jax.ShapeDtypeStruct((2,), jnp.float32)})
+
+
+def _quantized_state(tx, mesh):
+  """(opt, params, opt_state) of ``tx`` after 2 steps on ``mesh``."""
+  opt = shardopt.make_sharded_optimizer(tx, _init_params(), _param_shardings(mesh))
+  params = jax.device_put(_init_params(), _param_shardings(mesh))
+  state = opt.init(params)
+  for i in range(2):
+    grads = jax.device_put(jax.grad(_loss)(params, _batch(i)), _param_shardings(mesh))
+    params, state = opt.update(grads, state, params)
+  return opt, params, state
+
+
+@pytest.mark.parametrize("target_tx,meaning", [
+    (lambda: shardopt.adamw(1e-2, state_bits=4), "4-bit companded {}"),
+    (lambda: shardopt.quantized_state(shardopt.adamw(1e-2), bits=8, code="dynamic"),
+     "8-bit dynamic {}"),
+], ids=["4bit", "dynamic"])
+def test_quantized_codes_of_another_meaning_are_refused(tmp_path, target_tx, meaning):
+  """Codes are read by what they mean, not by their shape alone: 8-bit
+  companded codes restored into a 4-bit or a dynamic-code target (the same
+  shapes for the dynamic code: read as they are, Adam's moments came back up
+  to 66% off) raise StructureMismatchError naming each moment's codes."""
+  mesh = _mesh((2, 4))
+  _, params, state = _quantized_state(shardopt.adamw(1e-2, state_bits=8), mesh)
+  with ck.CheckpointManager(tmp_path) as mngr:
+    mngr.save(2, {"params": params, "opt_state": state})
+    mngr.wait_until_finished()
+    target_opt = shardopt.make_sharded_optimizer(target_tx(), _init_params(), _param_shardings(mesh))
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params)
+    with pytest.raises(ck.StructureMismatchError) as info:
+      mngr.restore({"params": abstract, "opt_state": target_opt.init.eval_shape(abstract)})
+  message = str(info.value)
+  for moment, sign in (("mu", "signed"), ("nu", "non-negative")):
+    line = next(l for l in message.splitlines() if f"opt_state.0.{moment}.w.codes:" in l)
+    assert f"(8-bit companded {sign} codes) vs target" in line, line
+    assert line.endswith(f"({meaning.format(sign)} codes)"), line
+
+
+def test_a_record_without_code_meanings_restores_on_shapes():
+  """Steps written before codes recorded their meaning compare shapes and
+  dtypes alone; a recorded meaning must equal the target's."""
+  target = {"shape": [64, 8], "dtype": "uint8", "key_impl": None, "quantized": "8-bit companded signed"}
+  older = {k: v for k, v in target.items() if k != "quantized"}
+  other = {**target, "quantized": "8-bit dynamic signed"}
+  assert ck.layout.differences({"m.codes": older}, {"m.codes": target}) == []
+  assert ck.layout.differences({"m.codes": target}, {"m.codes": target}) == []
+  assert ck.layout.differences({"m.codes": other}, {"m.codes": target}) == [
+      ("m.codes", "saved uint8(64, 8) (8-bit dynamic signed codes) vs "
+                  "target uint8(64, 8) (8-bit companded signed codes)")]
+
+
+@pytest.mark.parametrize("saved_value,target_value", [
+    (0.5, 0), (5, 0.0), (True, 0), (5, False)], ids=["float-int", "int-float", "bool-int", "int-bool"])
+def test_python_scalars_restore_into_their_own_type_only(tmp_path, saved_value, target_value):
+  """A Python scalar saved as one type is not converted into another
+  (0.5 came back as 0 into an int target, 5 as True into a bool one)."""
+  with ck.CheckpointManager(tmp_path) as mngr:
+    mngr.save(1, {"x": saved_value, "a": jnp.ones(2)})
+    mngr.wait_until_finished()
+    with pytest.raises(ck.StructureMismatchError, match=(
+        f"x: saved python:{type(saved_value).__name__}\\(\\) vs target python:{type(target_value).__name__}")):
+      mngr.restore({"x": target_value, "a": jnp.zeros(2)})
+    assert mngr.restore({"x": type(saved_value)(0), "a": jnp.zeros(2)}).state["x"] == saved_value
+
+
+@pytest.mark.parametrize("step", [-1, 1.5, True], ids=["negative", "fraction", "bool"])
+def test_a_step_that_cannot_be_listed_is_refused(tmp_path, step):
+  """A negative step was written and never listed (so never restored)."""
+  with ck.CheckpointManager(tmp_path) as mngr:
+    with pytest.raises(ValueError, match="a step is an integer >= 0"):
+      mngr.save(step, {"a": jnp.ones(2)}, force=True)
+    assert mngr.all_steps() == []
+  assert not [p for p in tmp_path.iterdir() if not p.name.startswith(".")]
