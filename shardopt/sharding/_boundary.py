@@ -106,17 +106,38 @@ def _check_structure(what: str, tree, like, fix: str) -> None:
                      f"{_first_difference(tree, like, what)}. {fix}")
 
 
+_STATE_FIX = ("Pass the state this optimizer's init returned (or one restored from its"
+              " checkpoint, which lays it out for this optimizer)")
+
+
 def check_inputs(param_shardings, params, state_shardings=None, state=None) -> None:
   """Raises ValueError naming the first node where ``params`` (or
   ``state``) departs from the tree of shardings the optimizer was built
-  with, and what to pass instead."""
+  with, or the first state leaf whose shape its planned sharding cannot
+  split (a state built for another layout: ``tx.init`` of unsharded params
+  fits quantized blocks to whole moments), and what to pass instead."""
   _check_structure("params", params, param_shardings,
                    "Pass params of the tree the optimizer was built for, or build one for these"
                    " (make_sharded_optimizer(tx, params, param_shardings)).")
   if state_shardings is not None:
     _check_structure("state", state, state_shardings,
-                     "Pass the state this optimizer's init returned (or one restored from its"
-                     " checkpoint); another optimizer's state needs that optimizer.")
+                     _STATE_FIX + "; another optimizer's state needs that optimizer.")
+    _check_divisible(state, state_shardings)
+
+
+def _check_divisible(state, state_shardings) -> None:
+  for (path, leaf), sharding in zip(tree_flatten_with_path(state)[0],
+                                    jax.tree.leaves(state_shardings)):
+    shape = np.shape(leaf)
+    spec = tuple(sharding.spec) + (None,) * (len(shape) - len(sharding.spec))
+    for dim, (length, entry) in enumerate(zip(shape, spec)):
+      names = entry if isinstance(entry, tuple) else (entry,)
+      parts = int(np.prod([sharding.mesh.shape[n] for n in names if n is not None]))
+      if length % parts:
+        raise ValueError(
+            f"state{keystr(path)} has shape {shape}, whose dimension {dim} ({length}) this "
+            f"optimizer's layout splits into {parts} ({sharding.spec}): it was built for "
+            f"another layout (e.g. by tx.init of unsharded params). {_STATE_FIX}.")
 
 
 @contextlib.contextmanager

@@ -42,7 +42,6 @@ __all__ = [
     "QuantizedArray",
     "QuantizedLeaf",
     "QuantizedStateReport",
-    "check_tiles",
     "describe_quantized_state",
     "quantized_state",
 ]
@@ -343,29 +342,6 @@ def _python_int(name: str, value) -> int | None:
       " cannot change between steps. Under inject_hyperparams, name it in"
       " static_args, e.g. inject_hyperparams(adamw,"
       " static_args=('state_bits',)).")
-
-
-def check_tiles(state, like) -> None:
-  """Raises ValueError naming the first quantized leaf of ``state`` whose
-  blocks are not those of ``like``.
-
-  Args:
-    state: an optimizer state (e.g. ``tx.init`` of unsharded params).
-    like: the state a sharded optimizer's ``init`` lays out, its arrays may
-      be ``jax.ShapeDtypeStruct``s (``opt.init.eval_shape(params)``).
-  """
-  is_leaf = qa.is_quantized
-  wanted = state_structure.leaves_by_path(like, is_leaf=is_leaf)
-  for path, leaf in jax.tree_util.tree_flatten_with_path(
-      state, is_leaf=is_leaf)[0]:
-    want = wanted.get(state_structure.path_names(path))
-    if is_leaf(leaf) and is_leaf(want) and leaf.tile != want.tile:
-      raise ValueError(
-          f"state{jax.tree_util.keystr(path)}: its blocks (tile {leaf.tile}) "
-          "were fitted without this optimizer's sharded layout, which gives "
-          f"tile {want.tile}. Pass the state opt.init(params) builds, or "
-          "restore it through checkpoints (which re-tiles it for this "
-          "layout).")
 
 
 @contextlib.contextmanager
