@@ -313,10 +313,9 @@ def _objective_loss(params, batch):
   return _objective(params)
 
 
-@pytest.mark.parametrize("kind,zero", _step_case_ids())
-@pytest.mark.parametrize("entry", _cases("sharded_step"))
-def test_sharded_step_matches_unsharded(entry, kind, zero):
-  tx = _build(entry)
+def _step_optimizer(tx, kind, zero):
+  """``(mesh, param shardings, host params, sharded optimizer)`` of ``tx``
+  on the (2, 4) mesh of axis type ``kind``, ZeRO over 'data' or not."""
   mesh = jax.make_mesh((2, 4), ("data", "model"),
                        axis_types=(_MESH_KINDS[kind],) * 2)
   shardings = {k: NamedSharding(mesh, spec) for k, (_, spec) in
@@ -327,6 +326,13 @@ def test_sharded_step_matches_unsharded(entry, kind, zero):
     opt = shardopt.make_sharded_optimizer(
         tx, host, shardings, shard_state_over="data" if zero else None,
         min_shard_bytes=_STEP_MIN_SHARD_BYTES, donate=False)
+  return mesh, shardings, host, opt
+
+
+@pytest.mark.parametrize("kind,zero", _step_case_ids())
+@pytest.mark.parametrize("entry", _cases("sharded_step"))
+def test_sharded_step_matches_unsharded(entry, kind, zero):
+  mesh, shardings, host, opt = _step_optimizer(_build(entry), kind, zero)
   with jax.sharding.set_mesh(mesh):
     params = jax.device_put(host, shardings)
     state = opt.init(params)
@@ -360,16 +366,7 @@ def test_optax_transformation_in_the_sharded_step(entry, kind):
   steps, on Auto and on Explicit axes (optax's code has no sharding types:
   a ``vdot`` or a matmul over a split dimension, an SVD)."""
   tx = catalogue.build(entry, optax)
-  mesh = jax.make_mesh((2, 4), ("data", "model"),
-                       axis_types=(_MESH_KINDS[kind],) * 2)
-  shardings = {k: NamedSharding(mesh, spec) for k, (_, spec) in
-               _STEP_LAYOUT.items()}
-  host = _step_params()
-  with warnings.catch_warnings():
-    warnings.simplefilter("ignore", shardopt.ReplicatedStateWarning)
-    opt = shardopt.make_sharded_optimizer(
-        tx, host, shardings, shard_state_over="data",
-        min_shard_bytes=_STEP_MIN_SHARD_BYTES, donate=False)
+  mesh, shardings, host, opt = _step_optimizer(tx, kind, zero=True)
   want, want_state = host, tx.init(host)
   step = jax.jit(_objective_step(tx, entry))
   with jax.sharding.set_mesh(mesh):
