@@ -16,6 +16,9 @@ import functools
 import jax
 from jax.sharding import AxisType
 from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from shardopt._src import state_structure
 
 __all__ = ["in_layout", "mesh_of", "typed", "under_mesh", "update_in_layout"]
 
@@ -101,24 +104,41 @@ def update_in_layout(tx, grads, state, params, update_shardings,
   functions = {k: v for k, v in extra_args.items() if callable(v)}
   update = _on_auto_axes(
       lambda g, s, p, a: tx.update(g, s, p, **a, **functions), mesh,
-      (_specs(update_shardings), _specs(state)))
+      lambda out: (_specs(update_shardings), _specs_by_path(out[1], state)))
   updates, new_state = update(grads, state, moved, arrays)
   return in_layout(updates, param_shardings), new_state
 
 
-def _on_auto_axes(fn, mesh, out_specs):
-  """``fn`` run with ``mesh``'s Explicit axes Auto, its results typed
-  ``out_specs`` again; ``fn`` itself where no axis is Explicit."""
+def _on_auto_axes(fn, mesh, out_specs_of):
+  """``fn`` run with ``mesh``'s Explicit axes Auto (as
+  ``jax.sharding.auto_axes`` does), its results typed on them again in the
+  specs ``out_specs_of(results)`` gives; ``fn`` itself where no axis is
+  Explicit."""
   explicit = _axes_of_type(mesh, AxisType.Explicit)
   if not explicit:
     return fn
+  auto = mesh.abstract_mesh.update_axis_types(
+      {name: AxisType.Auto for name in explicit})
 
   def call(*args):
-    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-      return jax.sharding.auto_axes(fn, axes=explicit,
-                                    out_sharding=out_specs)(*args)
+    with jax.sharding.use_abstract_mesh(auto):
+      args = jax.sharding.reshard(args, jax.tree.map(lambda _: P(), args))
+      out = fn(*args)
+    return jax.sharding.reshard(out, out_specs_of(out))
 
   return call
+
+
+def _specs_by_path(new_state, state):
+  """The specs of ``state``'s leaves for ``new_state``'s, matched by path
+  (``state_structure.path_names``): a holder of the state (flax's
+  ``nnx.Optimizer``) may pass it with containers rebuilt as mappings, which
+  ``tx.update`` returns in its own structure. A leaf ``state`` lacks:
+  replicated."""
+  specs = state_structure.leaves_by_path(_specs(state))
+  return jax.tree_util.tree_map_with_path(
+      lambda path, _: specs.get(state_structure.path_names(path), P()),
+      new_state)
 
 
 def _specs(tree):
