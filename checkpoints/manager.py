@@ -13,12 +13,12 @@ checksums written at save time.
 import errno
 import json
 import logging
+import operator
 from typing import Any
 from typing import NamedTuple
 from typing import NoReturn
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 
 from checkpoints import failures
@@ -73,6 +73,19 @@ def _json(value: Any, what: str) -> Any:
     return json.loads(json.dumps(value))
   except TypeError as e:
     raise TypeError(f"{what} must be JSON-serializable (dicts, lists, str, numbers): {e}") from e
+
+
+def _checked_step(step) -> int:
+  """``step`` as an int: an integer >= 0, a Python int or a 0-d integer array (a
+  ``TrainState.step``); a negative one would be written but never listed or restored."""
+  try:
+    index = operator.index(step)
+  except TypeError:
+    index = None
+  if isinstance(step, bool) or index is None or index < 0:
+    raise ValueError(f"save(step={step!r}): a step is an integer >= 0 (a negative one "
+                     "would be written but never listed or restored).")
+  return index
 
 
 class CheckpointManager:
@@ -177,9 +190,7 @@ class CheckpointManager:
     """
     if self.read_only:
       raise CheckpointError(f"CheckpointManager({self.directory}, read_only=True) cannot save.")
-    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
-      raise ValueError(f"save(step={step!r}): a step is an integer >= 0 (a negative one "
-                       "would be written but never listed or restored).")
+    step = _checked_step(step)
     if not force and not self._mngr.should_save(step):
       return False
     metadata = _json(metadata or {}, "metadata")

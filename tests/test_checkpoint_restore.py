@@ -190,8 +190,8 @@ def _quantized_state(tx, mesh):
 def test_quantized_codes_of_another_meaning_are_refused(tmp_path, target_tx, meaning):
   """Codes are read by what they mean, not by their shape alone: 8-bit
   companded codes restored into a 4-bit or a dynamic-code target (the same
-  shapes for the dynamic code: read as they are, Adam's moments came back up
-  to 66% off) raise StructureMismatchError naming each moment's codes."""
+  shapes for the dynamic code, whose book would misread them) raise
+  StructureMismatchError naming each moment's codes."""
   mesh = _mesh((2, 4))
   _, params, state = _quantized_state(shardopt.adamw(1e-2, state_bits=8), mesh)
   with ck.CheckpointManager(tmp_path) as mngr:
@@ -235,7 +235,8 @@ def test_python_scalars_restore_into_their_own_type_only(tmp_path, saved_value, 
     assert mngr.restore({"x": type(saved_value)(0), "a": jnp.zeros(2)}).state["x"] == saved_value
 
 
-@pytest.mark.parametrize("step", [-1, 1.5, True], ids=["negative", "fraction", "bool"])
+@pytest.mark.parametrize("step", [-1, 1.5, True, jnp.asarray(-2), jnp.asarray(2.0)],
+                         ids=["negative", "fraction", "bool", "negative-array", "float-array"])
 def test_a_step_that_cannot_be_listed_is_refused(tmp_path, step):
   """A negative step was written and never listed (so never restored)."""
   with ck.CheckpointManager(tmp_path) as mngr:
@@ -243,3 +244,12 @@ def test_a_step_that_cannot_be_listed_is_refused(tmp_path, step):
       mngr.save(step, {"a": jnp.ones(2)}, force=True)
     assert mngr.all_steps() == []
   assert not [p for p in tmp_path.iterdir() if not p.name.startswith(".")]
+
+
+def test_a_step_may_be_a_0d_integer_array(tmp_path):
+  """A TrainState's ``step`` (a 0-d int32 array) is a step."""
+  with ck.CheckpointManager(tmp_path) as mngr:
+    assert mngr.save(jnp.asarray(3, jnp.int32), {"a": jnp.ones(2)}, force=True)
+    mngr.wait_until_finished()
+    assert mngr.all_steps() == [3]
+    assert mngr.restore({"a": jnp.zeros(2)}).step == 3

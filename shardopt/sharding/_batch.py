@@ -11,12 +11,13 @@ the axis sizes.
 """
 
 from collections.abc import Callable
-import math
 from typing import Any
 
 import jax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+
+from shardopt.sharding._specs import entry_size
 
 __all__ = ["BatchLayout", "batch_layout"]
 
@@ -36,11 +37,6 @@ def _data_axes(mesh, data_axes, zero_axis) -> tuple[str, ...]:
     raise ValueError(f"train_step: data_axes {unknown} are not axes of the "
                      f"mesh {dict(mesh.shape)}.")
   return axes
-
-
-def _entry_size(mesh, entry) -> int:
-  names = entry if isinstance(entry, tuple) else (entry,)
-  return math.prod(mesh.shape[n] for n in names if n is not None)
 
 
 class BatchLayout:
@@ -76,14 +72,14 @@ class BatchLayout:
       raise ValueError(f"train_step: batch{path} has shape {shape}, but its "
                        f"batch spec {spec} names {len(spec)} dimensions.")
     for dim, entry in enumerate(spec):
-      split = _entry_size(self.mesh, entry)
+      split = entry_size(self.mesh, entry)
       if dim == 0 and shape and self.microbatches > 1:
         split *= self.microbatches
       if shape[dim] % split:
         raise ValueError(
             f"train_step: batch{path} has shape {shape}; dimension {dim} "
             f"({shape[dim]}) must be a multiple of {split} "
-            f"({entry!r}: {_entry_size(self.mesh, entry)} devices"
+            f"({entry!r}: {entry_size(self.mesh, entry)} devices"
             + (f" x {self.microbatches} microbatches" if dim == 0 and
                self.microbatches > 1 else "") + "). Resize the batch or "
             "state another batch_spec.")

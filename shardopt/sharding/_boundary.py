@@ -30,6 +30,9 @@ from jax.tree_util import keystr
 from jax.tree_util import tree_flatten_with_path
 import numpy as np
 
+from shardopt.sharding._specs import entry_size
+from shardopt.sharding._specs import full_spec
+
 __all__ = ["check_grads", "check_inputs", "check_live", "explained_rejection"]
 
 
@@ -129,10 +132,8 @@ def _check_divisible(state, state_shardings) -> None:
   for (path, leaf), sharding in zip(tree_flatten_with_path(state)[0],
                                     jax.tree.leaves(state_shardings)):
     shape = np.shape(leaf)
-    spec = tuple(sharding.spec) + (None,) * (len(shape) - len(sharding.spec))
-    for dim, (length, entry) in enumerate(zip(shape, spec)):
-      names = entry if isinstance(entry, tuple) else (entry,)
-      parts = int(np.prod([sharding.mesh.shape[n] for n in names if n is not None]))
+    for dim, (length, entry) in enumerate(zip(shape, full_spec(sharding.spec, len(shape)))):
+      parts = entry_size(sharding.mesh, entry)
       if length % parts:
         raise ValueError(
             f"state{keystr(path)} has shape {shape}, whose dimension {dim} ({length}) this "

@@ -4,7 +4,7 @@ import math
 
 from jax.sharding import PartitionSpec as P
 
-__all__ = ["device_bytes", "full_spec", "spec_axes"]
+__all__ = ["device_bytes", "entry_size", "full_spec", "spec_axes"]
 
 
 def full_spec(spec, ndim: int) -> P:
@@ -24,11 +24,14 @@ def spec_axes(spec) -> set[str]:
   return names
 
 
+def entry_size(mesh, entry) -> int:
+  """Into how many parts a spec entry (an axis, a tuple of axes or None)
+  splits its dimension on ``mesh``."""
+  names = entry if isinstance(entry, tuple) else (entry,)
+  return math.prod(mesh.shape[n] for n in names if n is not None)
+
+
 def device_bytes(leaf, spec, mesh) -> int:
   """Bytes of one shard of ``leaf`` laid out by ``spec`` on ``mesh``."""
-  shard = []
-  for dim, entry in zip(leaf.shape, spec):
-    names = entry if isinstance(entry, tuple) else (entry,)
-    split = math.prod(mesh.shape[n] for n in names if n is not None)
-    shard.append(-(-dim // split))
+  shard = [-(-dim // entry_size(mesh, entry)) for dim, entry in zip(leaf.shape, spec)]
   return math.prod(shard) * getattr(leaf.dtype, "itemsize", 0)
