@@ -26,6 +26,9 @@
     step with ZeRO over 'data', equals optax's unsharded jitted step as (c)
     does (``opt.update``, 3 steps, 1e-5 of the leaf), on Auto and Explicit
     axes.
+(f) ``tx.update`` in a jitted step of the user's on arrays typed on
+    Explicit (2, 4) axes (the sharded step runs it with the axes Auto)
+    equals the unsharded step as (c) does.
 
 Known failures are listed, each with the exception it raises and its reason,
 in EXCEPTIONS only; they run as strict xfails of exactly that exception, so an
@@ -54,7 +57,7 @@ from tests import oracle
 
 # (label, check) -> (the exception the check raises for that entry, why);
 # check is one of "optax", "sharding", "sharded_step", "zero",
-# "optax_sharded_step".
+# "optax_sharded_step", "explicit_typed".
 _OPTAX_SM3_SCALARS = (
     "optax's SM3 raises IndexError on a scalar param (its per-axis covers of "
     "a 0-d param are an empty list) and oracle.mixed_tree() has one; "
@@ -69,7 +72,8 @@ _PER_EXAMPLE = (
 EXCEPTIONS: dict[tuple[str, str], str] = {
     **{(f"contrib.{name}", check): (ValueError, _PER_EXAMPLE)
        for name in ("differentially_private_aggregate", "dpsgd")
-       for check in ("optax", "sharded_step", "optax_sharded_step")},
+       for check in ("optax", "sharded_step", "optax_sharded_step",
+                     "explicit_typed")},
     **{(name, check): (IndexError, _OPTAX_SM3_SCALARS)
        for name in ("scale_by_sm3", "sm3")
        for check in ("optax", "optax_sharded_step")},
@@ -354,6 +358,24 @@ def test_sharded_step_matches_unsharded(entry, kind, zero):
   if not entry.descent:
     _assert_close_to_leaf_scale(_comparable(through_train_step),
                                 _comparable(want), _STEP_TOLERANCE)
+
+
+@pytest.mark.parametrize("entry", _cases("explicit_typed"))
+def test_update_on_arrays_typed_on_explicit_axes_matches_unsharded(entry):
+  """(f): ``tx.update`` in a ``jit`` of the user's (flax's
+  ``TrainState.apply_gradients`` without ``with_update_layout``) on params,
+  gradients and state typed on Explicit (2, 4) axes, where the sharded step
+  runs it with the axes Auto: 3 steps equal the unsharded ones as in (c)."""
+  mesh, shardings, host, opt = _step_optimizer(_build(entry), "explicit", zero=False)
+  step = jax.jit(_objective_step(opt.tx, entry))
+  with jax.sharding.set_mesh(mesh):
+    params = jax.device_put(host, shardings)
+    state = opt.init(params)
+    want = _reference(entry, host, jax.device_get(state), _SHARDED_STEPS)
+    for _ in range(_SHARDED_STEPS):
+      params, state, _ = step(params, state)
+  _assert_close_to_leaf_scale(_comparable((params, state)), _comparable(want),
+                              _STEP_TOLERANCE)
 
 
 @pytest.mark.parametrize("kind", list(_MESH_KINDS))
