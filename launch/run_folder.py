@@ -18,9 +18,11 @@ from launch.cli import UsageError
 from launch.cli import blocking_part
 
 __all__ = ["RUNS", "claim_new", "describe", "finalized_steps", "metrics_records",
-           "new_name", "newest_resumable", "prepare", "set_aside_metrics", "unfinished_saves"]
+           "new_name", "newest_resumable", "prepare", "refuse_if_in_use", "set_aside_metrics",
+           "unfinished_saves"]
 
 RUNS = pathlib.Path("runs")
+_DEFAULT_PLACE = f"{RUNS} (where a run without --out goes)"  # named when it is in use
 
 
 def new_name(tag: str = "", now: float | None = None) -> pathlib.Path:
@@ -29,8 +31,24 @@ def new_name(tag: str = "", now: float | None = None) -> pathlib.Path:
   return RUNS / (f"lm-{stamp}-{tag}" if tag else f"lm-{stamp}")
 
 
-def claim_new(base: pathlib.Path) -> pathlib.Path:
-  """Creates ``base`` (or ``base-2``, ``base-3``, ... when taken) and returns it.
+def _make_folders(path: pathlib.Path) -> list[str]:
+  """Creates the folder ``path`` and the folders above it that are missing; those it created,
+  outermost first (a folder another run creates meanwhile is that run's). Raises OSError."""
+  missing = [p for p in (path, *path.parents) if not p.is_dir()][::-1]
+  created = []
+  for folder in missing:
+    try:
+      folder.mkdir()
+      created.append(str(folder))
+    except FileExistsError:
+      if not folder.is_dir():
+        raise
+  return created
+
+
+def claim_new(base: pathlib.Path) -> tuple[pathlib.Path, list[str]]:
+  """Creates ``base`` (or ``base-2``, ``base-3``, ... when taken): (it, the folders created,
+  outermost first: ``runs`` too when it was missing).
 
   ``mkdir`` without ``exist_ok`` is atomic: of two runs started in the same
   second, each gets a folder of its own.
@@ -39,15 +57,19 @@ def claim_new(base: pathlib.Path) -> pathlib.Path:
   if blocked is not None:
     raise UsageError(f"cannot create the run folder {base}: {blocked[0]} is {blocked[1]} (new run"
                      " folders go in it); move it away, or pass --out")
+  try:
+    created = _make_folders(base.parent)
+  except OSError as e:
+    raise UsageError(f"cannot create the run folder {base} ({e.strerror}); pass --out") from None
   for n in range(1, 1000):
     path = base if n == 1 else base.with_name(f"{base.name}-{n}")
     try:
-      path.parent.mkdir(parents=True, exist_ok=True)
       path.mkdir()
-      return path
+      return path, [*created, str(path)]
     except FileExistsError:
       continue
     except OSError as e:
+      _undo([], created)
       raise UsageError(f"cannot create the run folder {path} ({e.strerror}); pass --out") from None
   raise UsageError(f"{base}: 999 run folders of that name exist already; pass --out")
 
@@ -140,19 +162,22 @@ def _fresh_into_existing(args: argparse.Namespace, is_main: bool) -> str:
   return note + (f" (earlier metrics kept as {kept})" if kept else "")
 
 
-def _resolve_default_out(args: argparse.Namespace) -> tuple[bool, str | None]:
-  """Sets ``args.out`` when not given: the newest resumable run, or a new folder."""
+def _resolve_default_out(args: argparse.Namespace) -> tuple[bool, str | None, list[str]]:
+  """Sets ``args.out`` (and ``args.checkpoint_dir`` in it) when neither is given: the newest
+  resumable run, or a new folder; (resume?, note, the folders created)."""
   if args.resume:
     try:
       args.out = str(newest_resumable())
-      return True, None
+      args.checkpoint_dir = os.path.join(args.out, "checkpoints")
+      return True, None, []
     except UsageError:
       if args.resume == "required":
         raise
-    args.out = str(claim_new(new_name()))
-    return False, f"--resume auto: nothing to resume in {RUNS}/: starting fresh in {args.out}"
-  args.out = str(claim_new(new_name()))
-  return False, None
+  path, created = claim_new(new_name())
+  args.out = str(path)
+  args.checkpoint_dir = os.path.join(args.out, "checkpoints")
+  note = f"--resume auto: nothing to resume in {RUNS}/: starting fresh in {args.out}"
+  return False, note if args.resume else None, created
 
 
 def _check_contents(args: argparse.Namespace, steps: list[int]) -> None:
@@ -171,17 +196,12 @@ def _check_contents(args: argparse.Namespace, steps: list[int]) -> None:
                      " --out or --checkpoint-dir to start afresh")
 
 
-def _make(flag: str, path: str) -> bool:
-  """Creates the folder ``path`` if missing; whether it was created."""
-  if os.path.isdir(path):
-    return False
+def _make(flag: str, path: str) -> list[str]:
+  """Creates the folder ``path`` and the missing folders above it; those it created."""
   try:
-    pathlib.Path(path).mkdir(parents=True)
-  except FileExistsError:
-    return False  # another run created it meanwhile
+    return _make_folders(pathlib.Path(path))
   except OSError as e:
     raise UsageError(f"{flag} {path}: cannot create it ({e.strerror})") from None
-  return True
 
 
 def _locks(args: argparse.Namespace) -> list[tuple[str, str]]:
@@ -195,19 +215,34 @@ def _locks(args: argparse.Namespace) -> list[tuple[str, str]]:
   return pairs
 
 
-def _hold(args: argparse.Namespace, say) -> tuple[list[run_lock.RunLock], list[str]]:
+def refuse_if_in_use(args: argparse.Namespace) -> None:
+  """Raises UsageError when another live run holds a folder of the arguments as given
+  (``run_lock``): --out or, not given, ``RUNS`` (where the run folder goes then), and
+  --checkpoint-dir. Reads only: the check before the job imports jax."""
+  if args.out is None:
+    run_lock.refuse_if_inside(_DEFAULT_PLACE, RUNS)
+  else:
+    run_lock.refuse_if_held("--out", args.out)
+  run_lock.refuse_if_held("--checkpoint-dir", args.checkpoint_dir)
+
+
+def _hold(args: argparse.Namespace, default_out: bool,
+          say) -> tuple[list[run_lock.RunLock], list[str]]:
   """Takes the run's locks, creating their folders: (locks, folders created); then, with them
-  held, refuses folders inside another live run's (of two runs starting at once, at least one
-  sees the other's lock). On failure releases what it took and removes the folders it
-  created."""
+  held, refuses a folder locked that another live run holds, lies in or holds
+  (``run_lock.refuse_if_held``), and with ``default_out`` (no --out given) ``RUNS`` in another
+  run's folder. Of two runs starting at once whose folders nest, the later to take its lock
+  sees the other's. On failure releases what it took and removes the folders it created."""
   taken, created = [], []
   try:
     for flag, folder in _locks(args):
-      if _make(flag, folder):
-        created.append(folder)
+      created += _make(flag, folder)
       taken.append(run_lock.RunLock.acquire(folder, flag, warn=say))
-    for flag, folder in (("--out", args.out), ("--checkpoint-dir", args.checkpoint_dir)):
-      run_lock.refuse_if_held(flag, folder, own=[lock.path for lock in taken])
+    own = [lock.path for lock in taken]
+    if default_out:
+      run_lock.refuse_if_inside(_DEFAULT_PLACE, RUNS, own)
+    for flag, folder in _locks(args):
+      run_lock.refuse_if_held(flag, folder, own)
   except UsageError:
     _undo(taken, created)
     raise
@@ -215,6 +250,8 @@ def _hold(args: argparse.Namespace, say) -> tuple[list[run_lock.RunLock], list[s
 
 
 def _undo(taken: list, created: list[str]) -> None:
+  """Releases the locks ``taken`` and removes the folders ``created`` (outermost first) that
+  are still empty."""
   for lock in taken:
     lock.release()
   for folder in reversed(created):
@@ -222,6 +259,32 @@ def _undo(taken: list, created: list[str]) -> None:
       os.rmdir(folder)
     except OSError:
       pass  # not empty: another run wrote into it
+
+
+def _claim_given(args: argparse.Namespace) -> list[str]:
+  """Checks the folders given against the arguments (read only), then, with --checkpoint-dir
+  alone, creates a new run folder (``claim_new``); the folders created."""
+  if args.checkpoint_dir is None:
+    args.checkpoint_dir = os.path.join(args.out, "checkpoints")
+  if args.out is not None:
+    _check_writable("--out", args.out)
+  _check_writable("--checkpoint-dir", args.checkpoint_dir)
+  _check_contents(args, finalized_steps(args.checkpoint_dir))  # before anything is created
+  if args.out is not None:
+    return []
+  path, created = claim_new(new_name())
+  args.out = str(path)
+  return created
+
+
+def _settle(args: argparse.Namespace, is_main: bool) -> tuple[bool, str | None]:
+  """(resume?, note) of the folders given, checked again now that no other run can change
+  them; creates the run folder."""
+  steps = finalized_steps(args.checkpoint_dir)
+  _check_contents(args, steps)
+  note = _fresh_into_existing(args, is_main) if args.resume == "auto" and not steps else None
+  _make("--out", args.out)
+  return bool(steps), note
 
 
 def prepare(args: argparse.Namespace, is_main: bool = True, held=None,
@@ -233,34 +296,27 @@ def prepare(args: argparse.Namespace, is_main: bool = True, held=None,
   ``held`` (a ``contextlib.ExitStack``) and ``is_main``, takes the lock of the
   run folder (and of a --checkpoint-dir outside it) before anything in it is
   read or changed, released when ``held`` closes (launch/run_lock.py). Raises
-  UsageError (nothing created or changed) when the folder does not fit the
+  UsageError (nothing left created or changed) when the folder does not fit the
   arguments: ``--resume`` with no checkpoint, a fresh start into a folder that
-  holds a run, a folder that is not writable, a folder another run holds.
+  holds a run, a folder that is not writable, a folder another run holds, lies
+  in or holds.
   """
-  if args.out is None and args.checkpoint_dir is None:
-    resume, note = _resolve_default_out(args)
-    args.checkpoint_dir = os.path.join(args.out, "checkpoints")
-    if held is not None and is_main:
-      taken, _ = _hold(args, say)
-      held.callback(_undo, taken, [])
-    return resume, note
-  if args.checkpoint_dir is None:
-    args.checkpoint_dir = os.path.join(args.out, "checkpoints")
-  if args.out is not None:
-    _check_writable("--out", args.out)
-  _check_writable("--checkpoint-dir", args.checkpoint_dir)
-  _check_contents(args, finalized_steps(args.checkpoint_dir))  # before anything is created
-  if args.out is None:
-    args.out = str(claim_new(new_name()))
-  taken, created = _hold(args, say) if held is not None and is_main else ([], [])
+  default_out = args.out is None
+  default = default_out and args.checkpoint_dir is None
+  if default:
+    resumed, note, created = _resolve_default_out(args)
+  else:
+    created = _claim_given(args)
+  taken = []
   try:
-    steps = finalized_steps(args.checkpoint_dir)
-    _check_contents(args, steps)  # again, now that no other run can change the folder
-    note = _fresh_into_existing(args, is_main) if args.resume == "auto" and not steps else None
-    _make("--out", args.out)
+    if held is not None and is_main:
+      taken, made = _hold(args, default_out, say)
+      created += made
+    if not default:
+      resumed, note = _settle(args, is_main)
   except UsageError:
     _undo(taken, created)
     raise
   if held is not None:
     held.callback(_undo, taken, [])
-  return bool(steps), note
+  return resumed, note

@@ -9,9 +9,12 @@ with its pid and start time; on another host, no heartbeat for ``STALE_AFTER_S``
 seconds. A stale lock is taken over (renamed away first, so of two runs taking
 it over only one succeeds). In a multi-process job process 0 holds it.
 
-A folder is in use while a live run holds its lock or the lock of a folder
-above it: a run's folder holds all it writes (``refuse_if_held``), so no other
-run may write anywhere inside it, e.g. with a --checkpoint-dir there.
+A run's folder holds all it writes, so no other run may write anywhere inside
+it, e.g. with a --checkpoint-dir there: a folder is in use while a live run
+holds its lock or the lock of a folder above it, and a run does not take a
+folder holding a live run's lock below it (``refuse_if_held``). A run takes
+its locks first and checks above and below them after: of two runs starting
+at once whose folders nest, the later to take its lock sees the other's.
 
 Nothing here imports jax, so the job can check a folder before importing it.
 """
@@ -28,7 +31,7 @@ import uuid
 from launch.cli import UsageError
 
 __all__ = ["HEARTBEAT_S", "LOCK_NAME", "STALE_AFTER_S", "Holder", "RunLock", "holder_of",
-           "refuse_if_held"]
+           "refuse_if_held", "refuse_if_inside"]
 
 LOCK_NAME = "run.lock"
 HEARTBEAT_S = 10.0
@@ -172,23 +175,51 @@ class RunLock:
         pass  # the folder is gone or read-only: nothing left to release
 
 
-def _live_lock_above(folder, own) -> tuple[pathlib.Path, Holder] | None:
-  """(the lock file, its holder) of the nearest of ``folder`` and the folders above it that a
-  live run holds, the locks at ``own`` (this run's) aside; None when there is none."""
-  mine = {os.path.realpath(path) for path in own}
+def _live(place: pathlib.Path, mine: set[str]) -> tuple[pathlib.Path, Holder] | None:
+  """(``place``'s lock file, its holder) when a live run other than this one holds it."""
+  lock = place / LOCK_NAME
+  found = None if str(lock) in mine else holder_of(place)
+  return (lock, found[0]) if found is not None and found[1] is None else None
+
+
+def _live_lock_above(folder, mine: set[str]) -> tuple[pathlib.Path, Holder] | None:
+  """The nearest live lock of ``folder`` or a folder above it (``_live``), or None."""
   here = pathlib.Path(os.path.realpath(folder))
-  for place in (here, *here.parents):
-    lock = place / LOCK_NAME
-    found = None if str(lock) in mine else holder_of(place)
-    if found is not None and found[1] is None:
-      return lock, found[0]
+  return next(filter(None, (_live(place, mine) for place in (here, *here.parents))), None)
+
+
+def _live_lock_below(folder, mine: set[str]) -> tuple[pathlib.Path, Holder] | None:
+  """A live lock of a folder under ``folder`` (``_live``; symbolic links not followed), or
+  None."""
+  top = os.path.realpath(folder)
+  for place, _, files in os.walk(top):
+    found = _live(pathlib.Path(place), mine) if LOCK_NAME in files and place != top else None
+    if found is not None:
+      return found
   return None
 
 
 def refuse_if_held(flag: str, folder, own=()) -> None:
   """Raises UsageError when a live run other than this one (whose lock files are ``own``) holds
-  ``folder`` or a folder above it (reads only: a fast check before the job imports jax, and
-  again once this run holds its locks; ``None`` or a URL: nothing to check)."""
-  found = _live_lock_above(folder, own) if folder and "://" not in folder else None
+  ``folder`` or a folder above it, or a folder under it (reads only: a fast check before the
+  job imports jax, and again once this run holds its locks; ``None`` or a URL: nothing to
+  check)."""
+  if not folder or "://" in folder:
+    return
+  mine = {os.path.realpath(path) for path in own}
+  found = _live_lock_above(folder, mine)
   if found is not None:
     raise _in_use(flag, folder, found[1], found[0])
+  found = _live_lock_below(folder, mine)
+  if found is not None:
+    raise UsageError(f"{flag} {folder} holds the folder of another run ({found[1].describe()};"
+                     f" lock {found[0]}): wait for it to end, or choose another {flag}")
+
+
+def refuse_if_inside(what: str, folder, own=()) -> None:
+  """Raises UsageError when a live run other than this one holds ``folder`` or a folder above
+  it: ``what`` (e.g. where new run folders go) would be created in its folder."""
+  found = _live_lock_above(folder, {os.path.realpath(path) for path in own})
+  if found is not None:
+    raise UsageError(f"{what} is in the folder of another run ({found[1].describe()}; lock"
+                     f" {found[0]}): pass --out naming a folder outside it")

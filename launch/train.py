@@ -16,7 +16,7 @@ import traceback
 from launch import cli
 from launch import flags
 from launch import run_config
-from launch import run_lock
+from launch import run_folder
 from launch.cli import EXIT_DONE
 from launch.cli import EXIT_ERROR
 from launch.cli import EXIT_NONFINITE
@@ -36,8 +36,7 @@ def _error(error: Exception, debug: bool, named: bool) -> None:
 
 def _run(args, stop: StopRequest) -> int:
   if not cli.several_processes(args) or args.process_id == 0:  # process 0 takes the lock
-    run_lock.refuse_if_held("--out", args.out)  # at once, before jax is imported
-    run_lock.refuse_if_held("--checkpoint-dir", args.checkpoint_dir)
+    run_folder.refuse_if_in_use(args)  # at once, before jax is imported
   cli.set_cpu_devices(args.cpu_devices)
   restore_stdout = None
   if cli.several_processes(args):  # gloo's collectives print connection lines to stdout

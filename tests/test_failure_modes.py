@@ -361,17 +361,21 @@ def test_a_checkpoint_dir_inside_a_running_jobs_folder_is_refused(run, tmp_path,
   assert hashes(run) == before and not (tmp_path / "other").exists()
 
 
-def test_a_folder_under_a_lock_taken_meanwhile_is_refused_and_left_as_it_was(tmp_path):
+@pytest.mark.parametrize("flags", [["--out", "other"], []], ids=["out", "no_out"])
+def test_a_folder_under_a_lock_taken_meanwhile_is_refused_and_left_as_it_was(
+    tmp_path, monkeypatch, flags):
   """The check once the run holds its locks (a job that took its lock after the check before
-  jax): nothing of the refused run is left, not even the folders it created."""
+  jax): nothing of the refused run is left, not even the folders it created (its new run
+  folder and ``runs`` too, with --checkpoint-dir alone; the checkpoint folder's parents)."""
+  monkeypatch.chdir(tmp_path)
   running = tmp_path / "running"
   running.mkdir()
+  checkpoint_dir = running / "sub" / "checkpoints"
   held = run_lock.RunLock.acquire(running)
   try:
-    args = cli.parse_args(["--out", str(tmp_path / "other"),
-                           "--checkpoint-dir", str(running / "checkpoints")])
+    args = cli.parse_args([*flags, "--checkpoint-dir", str(checkpoint_dir)])
     with contextlib.ExitStack() as stack, pytest.raises(
-        cli.UsageError, match=f"--checkpoint-dir {running / 'checkpoints'} is in use by another"
+        cli.UsageError, match=f"^--checkpoint-dir {checkpoint_dir} is in use by another"
         f" run .*pid {os.getpid()}"):
       run_folder.prepare(args, held=stack)
   finally:
@@ -380,9 +384,103 @@ def test_a_folder_under_a_lock_taken_meanwhile_is_refused_and_left_as_it_was(tmp
   assert list(running.iterdir()) == []
 
 
-def test_a_lock_above_a_folder_is_its_holders(tmp_path):
-  """run_lock.refuse_if_held: the folder, or any folder above it, locked by a live run; a lock
-  of this run's (``own``) or of a run that is gone does not count."""
+def _runs_in_a_running_folder(tmp_path: pathlib.Path, how: str) -> pathlib.Path:
+  """The working directory whose ``runs`` lies in the folder ``tmp_path/running``: that
+  folder itself (``inside``), or one whose ``runs`` is a symbolic link into it (``link``)."""
+  running = tmp_path / "running"
+  running.mkdir()
+  if how == "inside":
+    return running
+  (running / "kept").mkdir()
+  work = tmp_path / "work"
+  work.mkdir()
+  (work / "runs").symlink_to(running / "kept")
+  return work
+
+
+_RUNS_IN_USE = "runs (where a run without --out goes) is in the folder of another run"
+
+
+@pytest.mark.parametrize("how", ["inside", "link"])
+@pytest.mark.parametrize("flags", [[], ["--resume", "auto"], ["--checkpoint-dir", "ck"]],
+                         ids=["fresh", "resume_auto", "checkpoint_dir"])
+def test_no_out_where_runs_is_in_a_running_jobs_folder(tmp_path, how, flags):
+  """No --out, and ``runs`` (where the new run folder would go) in a running job's folder: exit
+  2 at once naming ``runs`` and the holder, not a --out the user never passed; nothing
+  created in that folder."""
+  work = _runs_in_a_running_folder(tmp_path, how)
+  before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+  held = run_lock.RunLock.acquire(tmp_path / "running")
+  try:
+    started = time.monotonic()
+    result = job(tmp_path, *h.TINY, "--steps", "2", *flags, cwd=work)
+    elapsed = time.monotonic() - started
+  finally:
+    held.release()
+  usage_error(result, _RUNS_IN_USE, f"pid {os.getpid()}", f"lock {held.path}",
+              "pass --out naming a folder outside it")
+  assert elapsed < 5, elapsed  # before jax is imported
+  assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")
+                if not p.name.startswith("log-")) == before
+
+
+@pytest.mark.parametrize("how", ["inside", "link"])
+@pytest.mark.parametrize("flags", [[], ["--checkpoint-dir", "ck"]], ids=["fresh", "checkpoint_dir"])
+def test_no_out_where_runs_is_in_a_folder_locked_meanwhile(tmp_path, monkeypatch, how, flags):
+  """The same once the run holds its locks (the other run took its lock after the check
+  before jax): the new run folder, and ``runs``, are removed again."""
+  work = _runs_in_a_running_folder(tmp_path, how)
+  monkeypatch.chdir(work)
+  before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+  held = run_lock.RunLock.acquire(tmp_path / "running")
+  try:
+    with contextlib.ExitStack() as stack, pytest.raises(
+        cli.UsageError, match=f"^{re.escape(_RUNS_IN_USE)} .*lock {held.path}"):
+      run_folder.prepare(cli.parse_args(flags), held=stack)
+  finally:
+    held.release()
+  assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_of_two_runs_whose_folders_nest_the_later_to_lock_is_refused(tmp_path):
+  """A run (``--out X``) that takes its lock after another (``--checkpoint-dir X/ck``) took
+  its own, which saw no lock above: refused once it holds its lock, naming the lock under X,
+  and nothing of it left. The other order is test_a_folder_under_a_lock_taken_meanwhile_..."""
+  outer = tmp_path / "x"
+  (outer / "ck").mkdir(parents=True)
+  inner = run_lock.RunLock.acquire(outer / "ck", "--checkpoint-dir")
+  try:
+    with contextlib.ExitStack() as stack, pytest.raises(
+        cli.UsageError, match=f"^--out {outer} holds the folder of another run .*pid"
+        f" {os.getpid()}.*lock {inner.path}\\): wait for it to end, or choose another --out"):
+      run_folder.prepare(cli.parse_args(["--out", str(outer)]), held=stack)
+  finally:
+    inner.release()
+  assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == [
+      pathlib.Path("x"), pathlib.Path("x/ck")]
+
+
+def test_a_folder_holding_a_running_jobs_folder_is_refused_at_once(run, tmp_path):
+  """--out of a folder in which a running job's checkpoint folder lies: exit 2 at once (before
+  jax) naming that job's lock; its checkpoints stay as they are."""
+  before = hashes(run)
+  held = run_lock.RunLock.acquire(run / "checkpoints", "--checkpoint-dir")
+  try:
+    started = time.monotonic()
+    result = job(tmp_path, *RUN, "--steps", "6", "--resume", "--out", str(run))
+    elapsed = time.monotonic() - started
+  finally:
+    held.release()
+  usage_error(result, f"--out {run} holds the folder of another run", f"pid {os.getpid()}",
+              f"lock {held.path}")
+  assert elapsed < 5, elapsed
+  assert hashes(run) == before
+
+
+def test_a_lock_above_or_below_a_folder_is_its_holders(tmp_path):
+  """run_lock.refuse_if_held: the folder, or any folder above it, locked by a live run (in
+  use), or a folder under it (it holds that run's folder); a lock of this run's (``own``) or
+  of a run that is gone does not count."""
   outer = tmp_path / "a"
   deep = outer / "b" / "c"
   deep.mkdir(parents=True)
@@ -392,13 +490,17 @@ def test_a_lock_above_a_folder_is_its_holders(tmp_path):
       with pytest.raises(cli.UsageError, match=f"in use by another run.*lock {lock.path}"):
         run_lock.refuse_if_held("--checkpoint-dir", str(folder))
     run_lock.refuse_if_held("--out", str(deep), own=[lock.path])
-    run_lock.refuse_if_held("--out", str(tmp_path))  # above the lock: not inside the run
+    with pytest.raises(cli.UsageError, match=f"^--out {tmp_path} holds the folder of another"
+                       f" run .*lock {lock.path}"):
+      run_lock.refuse_if_held("--out", str(tmp_path))
+    run_lock.refuse_if_held("--out", str(tmp_path), own=[lock.path])
   finally:
     lock.release()
   dead = subprocess.Popen(["true"])
   dead.wait()
   _write_lock(outer, pid=dead.pid)
   run_lock.refuse_if_held("--out", str(deep))
+  run_lock.refuse_if_held("--out", str(tmp_path))
 
 
 def _write_lock(folder: pathlib.Path, **fields) -> pathlib.Path:
@@ -441,10 +543,11 @@ def test_run_lock_of_another_host_is_stale_only_without_heartbeat(tmp_path):
 def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   when = time.time()
-  first = run_folder.claim_new(run_folder.new_name(now=when))
-  second = run_folder.claim_new(run_folder.new_name(now=when))
+  (first, made_first), (second, made_second) = (
+      run_folder.claim_new(run_folder.new_name(now=when)) for _ in range(2))
   assert first != second and first.is_dir() and second.is_dir()
   assert second.name == first.name + "-2"
+  assert made_first == ["runs", str(first)] and made_second == [str(second)]
 
 
 def test_shared_checkpoint_dir_without_out(tmp_path, monkeypatch):
