@@ -350,6 +350,11 @@ def _check_precision(args: argparse.Namespace) -> None:
   if args.correction_bits is not None and args.param_dtype != "bfloat16":
     raise UsageError(f"--correction-bits {args.correction_bits}: corrects bfloat16 params;"
                      " add --param-dtype bfloat16 or drop it")
+  own_bits = [value for key, value in args.opt if key == "state_bits"]
+  if args.state_bits is not None and own_bits:
+    raise UsageError(f"--state-bits {args.state_bits} with --opt state_bits={own_bits[0]:g}: both"
+                     " quantize the optimizer's state (the job's quantized_state around the"
+                     " optimizer's own), which is refused; give one of them")
 
 
 def check_args(args: argparse.Namespace) -> None:

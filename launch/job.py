@@ -43,7 +43,7 @@ from launch.model import ModelConfig, Transformer, next_token_loss
 from launch.profile import ProfileWindow
 from launch.stop import StopRequest
 from launch.optim import build_schedule, update_arguments, with_param_dtype, with_state_bits
-from launch.validation import NonFiniteGuard, as_optimizer_error, as_usage_error, checked_mesh
+from launch.validation import NonFiniteGuard, as_usage_error, blame_values, checked_mesh
 from launch.validation import checked_optimizer
 
 # Steps dispatched ahead of the host at most, whatever --log-every: XLA:CPU aborts a
@@ -77,20 +77,39 @@ def _model(args) -> Transformer:
                                  scan_layers=args.scan_layers))
 
 
-def _layout(args, mesh, model, tx):
-  """Abstract sharded params, their specs, and the sharded optimizer."""
+def _param_layout(args, mesh, model):
+  """(the partition rules, the params' specs, the abstract sharded params); a --mesh or
+  --rules the model sizes do not fit is a UsageError naming them."""
   shapes = jax.eval_shape(lambda key: _init_params(args, model, key), jax.random.key(0))
-  rules = partitioning.decoder_rules(args.rules, fsdp_axis="data", model_axis="model",
-                                     stacked=args.scan_layers)
-  specs = partitioning.match_partition_rules(rules, shapes)
-  partitioning.validate_specs(shapes, specs, mesh)
+  with as_usage_error(f"--mesh {args.mesh} --rules {args.rules} and the model sizes"):
+    rules = partitioning.decoder_rules(args.rules, fsdp_axis="data", model_axis="model",
+                                       stacked=args.scan_layers)
+    specs = partitioning.match_partition_rules(rules, shapes)
+    partitioning.validate_specs(shapes, specs, mesh)
   abstract = partitioning.abstract_params(shapes, partitioning.named_shardings(mesh, specs))
-  zero_axis = "data" if args.zero else None
-  tx = with_param_dtype(args, with_state_bits(args, tx))
-  opt = shardopt.make_sharded_optimizer(
-      tx, abstract, partitioning.named_shardings(mesh, specs), shard_state_over=zero_axis,
+  return rules, specs, abstract
+
+
+def _sharded_optimizer(args, abstract) -> shardopt.sharding.ShardedOptimizer:
+  """The optimizer of the arguments, with --state-bits and --param-dtype, sharded for the
+  params ``abstract`` (ZeRO over data with --zero, its state in --state-memory-kind)."""
+  tx = with_param_dtype(args, with_state_bits(args, checked_optimizer(args)))
+  return shardopt.make_sharded_optimizer(
+      tx, abstract, jax.tree.map(lambda a: a.sharding, abstract),
+      shard_state_over="data" if args.zero else None,
       state_memory_kind=None if args.state_memory_kind == "device" else args.state_memory_kind)
-  return rules, specs, abstract, opt
+
+
+def _planned_step(args, model, abstract):
+  """(the sharded optimizer, its abstract state, the training step), the step traced on
+  abstract values, compiling nothing: what fails there fails before anything is written."""
+  opt = _sharded_optimizer(args, abstract)
+  abstract_state = partitioning.abstract_params(jax.eval_shape(opt.init, abstract),
+                                                opt.state_shardings)
+  step_fn = steps.train_step(opt, lambda p, tokens: next_token_loss(model, p, tokens),
+                             update_arguments(args.optimizer))
+  steps.trace(step_fn, abstract, abstract_state, (args.batch, args.seq_len))
+  return opt, abstract_state, step_fn
 
 
 def _init_params(args, model, key):
@@ -203,17 +222,16 @@ def _due(every: int, step: int, last: int) -> bool:
   return bool(every) and (step % every == 0 or step == last)
 
 
-def _train(args, mesh, step_fn, evaluation, initial, manager, guard, config, stop):
+def _train(args, mesh, step_fn, evaluation, initial, manager, guard, config, stop, train_bytes):
   """Trains from ``initial`` (params, optimizer state, step) with ``step_fn`` (the traced
-  ``steps.train_step``) to --steps or a stop signal (``stop``); returns (the last step, the
-  signal that stopped it or None)."""
+  ``steps.train_step``) on batches of ``train_bytes`` (the corpus's training slice) to --steps
+  or a stop signal (``stop``); returns (the last step, the signal that stopped it or None)."""
   params, opt_state, start = initial
   meta = {"seed": args.seed, "optimizer": args.optimizer, "mesh": dict(mesh.shape),
           "config": config}
   out, is_main = pathlib.Path(args.out), jax.process_index() == 0
-  corpus = data.split(data.load_corpus())[0]
-  batch = lambda step: data.sharded_batch(corpus, args.seed, step, args.batch, args.seq_len,
-                                          mesh)
+  batch = lambda step: data.sharded_batch(train_bytes, args.seed, step, args.batch,
+                                          args.seq_len, mesh)
   train_step, flops = throughput.compile_step(step_fn, params, opt_state, batch(start))
   peak = throughput.peak_flops(args.peak_tflops)
   _say(evaluation.describe(args),
@@ -327,15 +345,9 @@ def _run(args: argparse.Namespace, stop: StopRequest, held: contextlib.ExitStack
   with as_usage_error(f"--seq-len {args.seq_len}"):
     data.check_seq_len(args.seq_len, train_bytes, held_out)
   model = _model(args)
-  with as_optimizer_error(args):  # every value checked before the run folder is settled
-    tx = checked_optimizer(args)
-    with as_usage_error(f"--mesh {args.mesh} --rules {args.rules} and the model sizes"):
-      rules, specs, abstract, opt = _layout(args, mesh, model, tx)
-    abstract_state = partitioning.abstract_params(
-        jax.eval_shape(opt.init, abstract), opt.state_shardings)
-    step_fn = steps.train_step(opt, lambda p, tokens: next_token_loss(model, p, tokens),
-                               update_arguments(args.optimizer))
-    steps.trace(step_fn, abstract, abstract_state, (args.batch, args.seq_len))
+  rules, specs, abstract = _param_layout(args, mesh, model)
+  opt, abstract_state, step_fn = blame_values(  # every value checked before the run folder
+      args, lambda given: _planned_step(given, model, abstract))
   evaluation = _HeldOut(args, mesh, model, opt.param_shardings, held_out)
   if stop.agreed():
     _say(f"stopped by signal {stop.signum or 'on another process'} before the run started:"
@@ -358,7 +370,7 @@ def _run(args: argparse.Namespace, stop: StopRequest, held: contextlib.ExitStack
   try:
     step, start, stopped = _restore_and_train(args, mesh, model, opt, step_fn, abstract,
                                               abstract_state, evaluation, resumed, config, guard,
-                                              stop)
+                                              stop, train_bytes)
     if stopped is not None and step == start:
       _say(_stopped_before_training(args, stopped, start, resumed, created))
       return 0
@@ -377,9 +389,10 @@ def _run(args: argparse.Namespace, stop: StopRequest, held: contextlib.ExitStack
 
 
 def _restore_and_train(args, mesh, model, opt, step_fn, abstract, abstract_state, evaluation,
-                       resumed, config, guard, stop):
+                       resumed, config, guard, stop, train_bytes):
   """(last step, first step, the signal that stopped it or None): opens the checkpoints,
-  restores on --resume, trains, and closes the checkpoints (the last save finalized)."""
+  restores on --resume, trains on ``train_bytes``, and closes the checkpoints (the last save
+  finalized)."""
   manager = _open_manager(args)
   try:
     params, opt_state, start, set_aside = _initial_state(
@@ -389,7 +402,7 @@ def _restore_and_train(args, mesh, model, opt, step_fn, abstract, abstract_state
       manager = _open_manager(args)
     guard.resume_from(opt_state)
     step, stopped = _train(args, mesh, step_fn, evaluation, (params, opt_state, start),
-                           manager, guard, config, stop)
+                           manager, guard, config, stop, train_bytes)
   finally:
     manager.close()
   return step, start, stopped

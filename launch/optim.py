@@ -8,7 +8,8 @@ names (a count, a switch, a float; a keyword taking no number is refused), and
 the learning rate as the alias's annotation declares it (a schedule, or a
 number: then --schedule must be constant), and wraps it with global-norm
 clipping when asked. An alias the job's step cannot train (``NOT_IN_THE_JOB``)
-is refused, saying why.
+is refused, saying why. Arguments that cannot work are a ``cli.UsageError``
+naming them; what the alias itself raises is raised as it is.
 """
 
 import argparse
@@ -18,11 +19,10 @@ import typing
 
 import shardopt
 from launch import cli
+from launch.cli import UsageError
 
-__all__ = ["HYPERPARAMETER_FLAGS", "NOT_IN_THE_JOB", "build_optimizer", "build_schedule",
-           "update_arguments", "with_param_dtype", "with_state_bits"]
-
-HYPERPARAMETER_FLAGS = cli.HYPERPARAMETER_FLAGS
+__all__ = ["NOT_IN_THE_JOB", "build_optimizer", "build_schedule", "update_arguments",
+           "with_param_dtype", "with_state_bits"]
 
 # What an alias's update reads besides the gradients (``train_step``'s
 # ``extra_args``), where it is not the loss, its gradients and the loss as a
@@ -52,7 +52,7 @@ def build_schedule(args: argparse.Namespace) -> shardopt.Schedule:
   if args.schedule == "warmup_cosine":
     return shardopt.warmup_cosine_decay_schedule(
         0.0, peak, min(args.warmup_steps, steps - 1), steps, end_value=end)
-  raise ValueError(f"--schedule {args.schedule!r}: expected constant, cosine,"
+  raise UsageError(f"--schedule {args.schedule!r}: expected constant, cosine,"
                    " warmup_cosine or linear.")
 
 
@@ -60,7 +60,7 @@ def _alias(name: str):
   """The alias at shardopt's top level, or else in shardopt.contrib (muon, soap)."""
   factory = getattr(shardopt, name, None) or getattr(shardopt.contrib, name, None)
   if not inspect.isfunction(factory) or "learning_rate" not in _params(factory):
-    raise ValueError(f"--optimizer {name!r} is not a shardopt optimizer alias (a"
+    raise UsageError(f"--optimizer {name!r} is not a shardopt optimizer alias (a"
                      " function taking learning_rate, e.g. adamw, adafactor, sgd,"
                      " or one of shardopt.contrib, e.g. muon, shampoo, soap).")
   return factory
@@ -74,12 +74,15 @@ def _number_kind(param) -> type | None:
   """What a number given for the parameter becomes: ``int`` where its annotation names int
   and no other type but None (``int``, ``int | None``), ``bool`` where it names bool alone,
   ``float`` where it names int or float among others (``b1: float | int | Array``), None
-  where it takes no number (a dtype, a mask, a transformation, a string). Unannotated: by its
-  default."""
+  where it takes no number (a dtype, a mask, a transformation, a string). Unannotated: the
+  type of its default (bool, int, float; None for any other default, e.g. a string), float
+  when it has no default or None."""
   annotation = param.annotation
   if annotation is inspect.Parameter.empty:
-    default = type(param.default)
-    return default if default in (bool, int) else float
+    if param.default is None or param.default is inspect.Parameter.empty:
+      return float
+    kind = type(param.default)
+    return kind if kind in (bool, int, float) else None
   kinds = [kind for kind in typing.get_args(annotation) or (annotation,)
            if kind is not type(None)]
   if kinds in ([int], [bool]):
@@ -90,28 +93,21 @@ def _number_kind(param) -> type | None:
 JOB_SETS = {"learning_rate": "--lr and --schedule"}  # keywords the job passes itself
 
 
-def _spelled(name: str, value, args: argparse.Namespace) -> str:
-  """How the user gave ``name``: ``--b1 0.8`` or ``--opt b1=0.8``."""
-  if name in HYPERPARAMETER_FLAGS and getattr(args, name) is not None:
-    return f"--{name.replace('_', '-')} {value:g}"
-  return f"--opt {name}={value:g}"
-
-
-def _as_keyword_type(name: str, value, param, args: argparse.Namespace):
-  """``--opt block_size=16`` parses as 16.0: an int where the keyword takes one (a count: a
-  fraction or a negative number there is an error), a bool where it takes one (0 or 1); a
-  ValueError where it takes no number (``mu_dtype``)."""
+def _as_keyword_type(given: str, name: str, value, param, optimizer: str):
+  """``--opt block_size=16`` (as ``given``) parses as 16.0: an int where the keyword takes one
+  (a count: a fraction or a negative number there is an error), a bool where it takes one (0
+  or 1); a UsageError where it takes no number (``mu_dtype``)."""
   kind = _number_kind(param) if param is not None else float  # unknown: reported by the caller
-  said = f"{_spelled(name, value, args)}: {args.optimizer}'s {name}"
+  said = f"{given}: {optimizer}'s {name}"
   if kind is None:
-    raise ValueError(f"{said} is not a number ({_shown(param.annotation)}); --opt gives"
+    raise UsageError(f"{said} is not a number ({_shown(param.annotation)}); --opt gives"
                      " numbers only, leave it out")
   if kind is int and not float(value).is_integer():
-    raise ValueError(f"{said} takes an integer")
+    raise UsageError(f"{said} takes an integer")
   if kind is int and value < 0:
-    raise ValueError(f"{said} takes an integer >= 0")
+    raise UsageError(f"{said} takes an integer >= 0")
   if kind is bool and value not in (0, 1):
-    raise ValueError(f"{said} takes 0 (false) or 1 (true)")
+    raise UsageError(f"{said} takes 0 (false) or 1 (true)")
   return kind(value)
 
 
@@ -121,33 +117,34 @@ def _shown(annotation) -> str:
 
 
 def optimizer_kwargs(args: argparse.Namespace, factory) -> dict:
-  """The keyword arguments the user set, checked against the alias's signature."""
-  given = {k: getattr(args, k) for k in HYPERPARAMETER_FLAGS if getattr(args, k) is not None}
-  for key, value in args.opt:
+  """The keyword arguments the user set (``cli.keyword_values``), checked against the alias's
+  signature and typed by it."""
+  given = {}  # keyword: (as given, value)
+  for spelled, key, value in cli.keyword_values(args):
     if key in JOB_SETS:
-      raise ValueError(f"--opt {key}: the job sets it (use {JOB_SETS[key]})")
+      raise UsageError(f"--opt {key}: the job sets it (use {JOB_SETS[key]})")
     if key in given:
-      flag = f"--{key.replace('_', '-')}" if key in HYPERPARAMETER_FLAGS else f"--opt {key}"
-      raise ValueError(f"--opt {key}={value:g}: {key} is given twice (also by {flag})")
-    given[key] = value
+      raise UsageError(f"{spelled}: {key} is given twice (also by {given[key][0]})")
+    given[key] = spelled, value
   accepted = _params(factory)
-  given = {k: _as_keyword_type(k, v, accepted.get(k), args) for k, v in given.items()}
-  unknown = sorted(set(given) - set(accepted))
+  kwargs = {k: _as_keyword_type(spelled, k, v, accepted.get(k), args.optimizer)
+            for k, (spelled, v) in given.items()}
+  unknown = sorted(set(kwargs) - set(accepted))
   if unknown:
-    raise ValueError(
+    raise UsageError(
         f"--optimizer {args.optimizer}: does not take {', '.join(unknown)}; it takes "
         + ", ".join(k for k in accepted if k != "learning_rate") + ".")
-  missing = [k for k, p in accepted.items() if k not in given and k != "learning_rate"
+  missing = [k for k, p in accepted.items() if k not in kwargs and k != "learning_rate"
              and p.default is inspect.Parameter.empty
              and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
   not_numbers = [k for k in missing if _number_kind(accepted[k]) is None]
   if not_numbers:
-    raise ValueError(f"--optimizer {args.optimizer}: needs {', '.join(not_numbers)}, which is not"
+    raise UsageError(f"--optimizer {args.optimizer}: needs {', '.join(not_numbers)}, which is not"
                      " a number: the command line cannot give it; choose another optimizer")
   if missing:
-    raise ValueError(f"--optimizer {args.optimizer}: needs {', '.join(missing)}; pass each as"
+    raise UsageError(f"--optimizer {args.optimizer}: needs {', '.join(missing)}; pass each as"
                      " --opt NAME=VALUE (numbers only)")
-  return given
+  return kwargs
 
 
 def takes_schedule(factory) -> bool:
@@ -165,8 +162,8 @@ def _learning_rate(args: argparse.Namespace, factory):
   if takes_schedule(factory):
     return build_schedule(args)
   if args.schedule != "constant":
-    raise ValueError(f"its learning_rate is a number, not a schedule; pass --schedule constant"
-                     f" (not {args.schedule})")
+    raise UsageError(f"--optimizer {args.optimizer}: its learning_rate is a number, not a"
+                     f" schedule; pass --schedule constant (not {args.schedule})")
   return args.lr
 
 
@@ -178,10 +175,11 @@ NOT_IN_THE_JOB = {
 
 
 def build_optimizer(args: argparse.Namespace) -> shardopt.GradientTransformation:
-  """The optimizer from --optimizer, its hyperparameters, --schedule and --clip-norm."""
+  """The optimizer from --optimizer, its hyperparameters, --schedule and --clip-norm; a
+  UsageError naming what cannot work."""
   factory = _alias(args.optimizer)
   if args.optimizer in NOT_IN_THE_JOB:
-    raise ValueError(f"--optimizer {args.optimizer}: cannot train in this job:"
+    raise UsageError(f"--optimizer {args.optimizer}: cannot train in this job:"
                      f" {NOT_IN_THE_JOB[args.optimizer]}; choose another optimizer")
   tx = factory(learning_rate=_learning_rate(args, factory), **optimizer_kwargs(args, factory))
   if args.clip_norm > 0:

@@ -1,32 +1,35 @@
-"""Checks of the job that need jax: the mesh, the batch split, the layout, and
-finite values (losses before they are logged, state before it is saved).
+"""Checks of the job that need jax: the mesh, the batch split, the layout, the
+optimizer with the values given, and finite values (losses before they are
+logged, state before it is saved).
 
 Each failure is a ``UsageError`` naming the flag (exit 2), or a
 ``NonFiniteError`` naming the step (exit 3), raised before anything is written.
 """
 
+import argparse
 import contextlib
 import math
 
 import jax
 import jax.numpy as jnp
 
+from launch.cli import HYPERPARAMETER_FLAGS
 from launch.cli import NonFiniteError
 from launch.cli import UsageError
 from launch.cli import keyword_values
 from launch.optim import build_optimizer
 import partitioning
 
-__all__ = ["NonFiniteGuard", "as_optimizer_error", "as_usage_error", "checked_mesh",
-           "checked_optimizer"]
+__all__ = ["NonFiniteGuard", "as_usage_error", "blame_values", "checked_mesh",
+           "checked_optimizer", "with_optimizer_defaults"]
 
 _AXES = ("data", "model")
 
 
 @contextlib.contextmanager
 def as_usage_error(flags: str):
-  """Turns a ValueError (bad mesh, partition rules, optimizer keyword) into a
-  UsageError that names ``flags``."""
+  """Turns a ValueError (a bad mesh, partition rules, a --seq-len or --batch the corpus does
+  not fit) into a UsageError that names ``flags``."""
   try:
     yield
   except UsageError:
@@ -36,23 +39,37 @@ def as_usage_error(flags: str):
     raise UsageError(message if message.startswith("--") else f"{flags}: {message}") from e
 
 
-@contextlib.contextmanager
-def as_optimizer_error(args):
-  """Turns any error of building and tracing the optimizer (its state, its update) into a
-  UsageError naming the values the user gave it (``cli.keyword_values``), whatever its type (an
-  IndexError of muon's ns_steps=0); with none given the error is the job's own, raised as
-  it is."""
+def with_optimizer_defaults(args: argparse.Namespace) -> argparse.Namespace:
+  """``args`` without the optimizer keyword values given (``cli.keyword_values``): the
+  optimizer takes its own defaults."""
+  return argparse.Namespace(**{**vars(args), **dict.fromkeys(HYPERPARAMETER_FLAGS), "opt": []})
+
+
+def _succeeds(attempt, args: argparse.Namespace) -> bool:
   try:
-    yield
+    attempt(args)
+  except Exception:  # noqa: BLE001  (any failure: it fails with these arguments too)
+    return False
+  return True
+
+
+def blame_values(args: argparse.Namespace, attempt):
+  """``attempt(args)`` (building the optimizer, planning its state, tracing its step). When it
+  fails with optimizer keyword values given and ``attempt`` succeeds with the optimizer's
+  defaults instead (``with_optimizer_defaults``), a UsageError naming the values; any other
+  failure is raised as it is (the values are not to blame)."""
+  try:
+    return attempt(args)
   except UsageError:
     raise
-  except Exception as e:  # noqa: BLE001  (the values given fail; how is the optimizer's)
+  except Exception as e:  # noqa: BLE001  (decided by the second attempt, not by the error)
     given = [spelled for spelled, _, _ in keyword_values(args)]
-    if not given:
+    if not given or not _succeeds(attempt, with_optimizer_defaults(args)):
       raise
     first = (str(e).strip().splitlines() or [""])[0]
     raise UsageError(f"--optimizer {args.optimizer} {' '.join(given)}: {args.optimizer} fails"
-                     f" with these values ({type(e).__name__}: {first}); change them") from e
+                     f" with these values ({type(e).__name__}: {first}), not with its"
+                     " defaults; change them") from e
 
 
 def checked_mesh(args) -> jax.sharding.Mesh:
@@ -70,10 +87,9 @@ def checked_mesh(args) -> jax.sharding.Mesh:
 
 
 def checked_optimizer(args):
-  """The optimizer of --optimizer and its flags (skipping non-finite updates
-  with --skip-nonfinite)."""
-  with as_usage_error(f"--optimizer {args.optimizer}"):
-    tx = build_optimizer(args)
+  """The optimizer of --optimizer and its flags (``optim.build_optimizer``: a UsageError
+  naming what cannot work), skipping non-finite updates with --skip-nonfinite."""
+  tx = build_optimizer(args)
   if args.skip_nonfinite:
     import shardopt  # pylint: disable=import-outside-toplevel
     tx = shardopt.apply_if_finite(tx, max_consecutive_errors=2**30)

@@ -32,7 +32,7 @@ def test_model_on_explicit_axes_matches_one_device(rules, scan):
   model = job._model(args)
   mesh = job.checked_mesh(args)
   assert mesh.abstract_mesh.explicit_axes == ("data", "model")
-  _, _, abstract, _ = job._layout(args, mesh, model, job.checked_optimizer(args))
+  _, _, abstract = job._param_layout(args, mesh, model)
   params = job._init_params(args, model, jax.random.key(0))
   tokens = _tokens(8, 17)
   loss_and_grads = jax.value_and_grad(lambda p, t: model_lib.next_token_loss(model, p, t))

@@ -54,8 +54,9 @@ def test_demo_training_state_is_five_bytes_per_param():
   args = cli.parse_args(["--mesh", "data=2,model=4", "--param-dtype", "bfloat16",
                          "--state-bits", "8"])
   assert args.correction_bits == 8
-  model, tx = job._model(args), job.checked_optimizer(args)
-  _, _, abstract, opt = job._layout(args, job.checked_mesh(args), model, tx)
+  model = job._model(args)
+  _, _, abstract = job._param_layout(args, job.checked_mesh(args), model)
+  opt = job._sharded_optimizer(args, abstract)
   params = jax.jit(lambda key: job._init_params(args, model, key),
                    out_shardings=opt.param_shardings)(jax.random.key(0))
   state = opt.init(params)

@@ -53,7 +53,7 @@ def test_fractions_pass_as_given(tmp_path, name):
   assert keywords
   argv = []
   for k in keywords:
-    argv += ([f"--{k.replace('_', '-')}", "0.375"] if k in optim.HYPERPARAMETER_FLAGS
+    argv += ([f"--{k.replace('_', '-')}", "0.375"] if k in cli.HYPERPARAMETER_FLAGS
              else ["--opt", f"{k}=0.375"])
   kwargs = optim.optimizer_kwargs(_args(tmp_path, "--optimizer", name, *argv), factory)
   assert kwargs == {k: 0.375 for k in keywords}
@@ -72,12 +72,12 @@ def test_momentum_flag_reaches_sgd(tmp_path):
 
 def test_a_fraction_for_an_integer_names_the_flag_given(tmp_path):
   args = _args(tmp_path, "--optimizer", "shampoo", "--opt", "block_size=16.5")
-  with pytest.raises(ValueError, match=r"^--opt block_size=16.5: shampoo's block_size takes an"):
+  with pytest.raises(cli.UsageError, match=r"^--opt block_size=16.5: shampoo's block_size takes an"):
     optim.optimizer_kwargs(args, shardopt.contrib.shampoo)
 
 
 def test_unknown_name_points_to_contrib():
-  with pytest.raises(ValueError, match="shardopt.contrib"):
+  with pytest.raises(cli.UsageError, match="shardopt.contrib"):
     optim._alias("no_such_optimizer")
 
 
@@ -89,7 +89,7 @@ def _aliases():
     for name in dir(home):
       try:
         optim._alias(name)
-      except ValueError:
+      except cli.UsageError:
         continue
       names.add(name)
   return sorted(names)
@@ -115,15 +115,15 @@ def test_every_alias_builds_with_the_jobs_learning_rate_and_plans_its_state(
               if p.default is p.empty and k != "learning_rate"
               and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
   if name in optim.NOT_IN_THE_JOB:  # dpsgd: per-example gradients
-    with pytest.raises(ValueError, match=f"^--optimizer {name}: cannot train in this job: "):
+    with pytest.raises(cli.UsageError, match=f"^--optimizer {name}: cannot train in this job: "):
       optim.build_optimizer(default)
     return
   if required:  # schedule_free's base optimizer (not a number: no flag gives it)
-    with pytest.raises(ValueError, match=f"needs {', '.join(required)}[;,] "):
+    with pytest.raises(cli.UsageError, match=f"needs {', '.join(required)}[;,] "):
       optim.build_optimizer(default)
     return
   if not optim.takes_schedule(factory):
-    with pytest.raises(ValueError, match="pass --schedule constant"):
+    with pytest.raises(cli.UsageError, match=f"^--optimizer {name}: .*pass --schedule constant"):
       optim.build_optimizer(default)
     default = _args(tmp_path, "--optimizer", name, "--schedule", "constant")
   tx = optim.build_optimizer(default)
@@ -157,19 +157,45 @@ def test_keyword_values_take_the_keywords_type(tmp_path, given, message):
     kwargs = optim.optimizer_kwargs(args, shardopt.adamw)
     assert kwargs == {"nesterov": True} and type(kwargs["nesterov"]) is bool
     return
-  with pytest.raises(ValueError, match="^" + re.escape(message)):
+  with pytest.raises(cli.UsageError, match="^" + re.escape(message)):
     optim.optimizer_kwargs(args, shardopt.adamw)
 
 
-def test_an_optimizer_failing_with_the_values_given_is_a_usage_error(tmp_path):
-  """validation.as_optimizer_error: whatever the error's type, with values given it names
-  them (exit 2); with none it is the job's own error, raised as it is (exit 1)."""
+def _fails_with(*failing_args):
+  """An attempt (as ``validation.blame_values`` takes one) that raises IndexError for the
+  arguments in ``failing_args`` and returns "built" for any other."""
+  def attempt(args):
+    if any(vars(args) == vars(bad) for bad in failing_args):
+      raise IndexError("out of range")
+    return "built"
+  return attempt
+
+
+def test_the_values_given_are_blamed_only_where_the_defaults_work(tmp_path):
+  """validation.blame_values decides by a second attempt with the optimizer's defaults, not by
+  the error: the values are named (a UsageError, exit 2) only when the attempt fails with them
+  and not with the defaults; a failure with the defaults too, or with no values given, is
+  raised as it is (exit 1)."""
   given = _args(tmp_path, "--optimizer", "muon", "--b1", "0.5", "--opt", "ns_steps=0")
+  defaults = validation.with_optimizer_defaults(given)
+  assert (defaults.b1, defaults.opt) == (None, []) and defaults.optimizer == "muon"
+  assert validation.blame_values(given, _fails_with(defaults)) == "built"
   with pytest.raises(cli.UsageError, match=re.escape(
       "--optimizer muon --b1 0.5 --opt ns_steps=0: muon fails with these values"
-      " (IndexError: out of range); change them")):
-    with validation.as_optimizer_error(given):
-      raise IndexError("out of range")
+      " (IndexError: out of range), not with its defaults; change them")):
+    validation.blame_values(given, _fails_with(given))
   with pytest.raises(IndexError):
-    with validation.as_optimizer_error(_args(tmp_path, "--optimizer", "muon")):
-      raise IndexError("out of range")
+    validation.blame_values(given, _fails_with(given, defaults))
+  plain = _args(tmp_path, "--optimizer", "muon")
+  with pytest.raises(IndexError):
+    validation.blame_values(plain, _fails_with(plain))
+
+
+def test_an_unannotated_keyword_takes_its_defaults_type():
+  """optim._number_kind of a parameter without annotation: its default's type (bool, int,
+  float), float without a default or with None, no number for any other default."""
+  def factory(learning_rate, count=3, switch=True, rate=0.5, either=None, name="x", *, must):
+    del learning_rate, count, switch, rate, either, name, must
+  kinds = {k: optim._number_kind(p) for k, p in inspect.signature(factory).parameters.items()}
+  assert kinds == {"learning_rate": float, "count": int, "switch": bool, "rate": float,
+                   "either": float, "name": None, "must": float}

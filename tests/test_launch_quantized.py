@@ -24,9 +24,9 @@ def test_demo_adamw_state_bytes_per_param(mesh, capsys):
   for bits, most in ((8, 2.1), (4, 1.1)):
     args = cli.parse_args(["--mesh", mesh, "--optimizer", "adamw",
                                     "--state-bits", str(bits)])
-    model, tx = job._model(args), job.checked_optimizer(args)
-    device_mesh = job.checked_mesh(args)
-    _, _, abstract, opt = job._layout(args, device_mesh, model, tx)
+    model, device_mesh = job._model(args), job.checked_mesh(args)
+    _, _, abstract = job._param_layout(args, device_mesh, model)
+    opt = job._sharded_optimizer(args, abstract)
     params = jax.tree.map(lambda a: jax.device_put(
         np.zeros(a.shape, a.dtype), a.sharding), abstract)
     state = opt.init(params)
