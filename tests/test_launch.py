@@ -17,12 +17,14 @@ def test_help_lists_the_options(tmp_path):
 
 
 def test_help_and_the_docs_list_every_exit_code(tmp_path):
-  """--help lists each of cli.EXIT_CODES with its meaning (train.main exits with them);
-  docs/failure-modes.md explains each."""
+  """--help lists each of cli.EXIT_CODES with its meaning, the constants train.main returns
+  (cli.EXIT_*) among them; docs/failure-modes.md explains each."""
   from launch import cli
   assert h.run(["launch.train", "--help"], tmp_path / "log", timeout=60) == 0
   text = " ".join((tmp_path / "log").read_text().split())
   assert set(cli.EXIT_CODES) == {"0", "1", "2", "3", "4", "128 + N"}
+  assert {str(code) for code in (cli.EXIT_DONE, cli.EXIT_ERROR, cli.EXIT_USAGE,
+                                 cli.EXIT_NONFINITE, cli.EXIT_STORAGE)} < set(cli.EXIT_CODES)
   docs = (h.ROOT / "docs" / "failure-modes.md").read_text()
   for code, meaning in cli.EXIT_CODES.items():
     assert f"{code} {meaning}" in text, code

@@ -48,9 +48,12 @@ def test_held_out_slice_is_never_trained_on():
   np.testing.assert_array_equal(batches.reshape(-1), held_out[:7 * 4 * 65])
 
 
-def test_the_longest_seq_len_trains_and_samples():
-  """data.check_seq_len's bound: one byte more is refused naming it; at the bound a
-  training window can be drawn and the sample's prompt (half a window) is held-out text."""
+def test_the_longest_seq_len_has_a_training_window_and_a_prompt():
+  """data.check_seq_len's bound: one byte more is refused naming it; at the bound a training
+  window can be drawn and the sample's prompt (half a window) fits the held-out slice, one
+  byte more would not. (Training and sampling at that length are not run here: attention
+  holds a score matrix of the window squared per head, and the greedy sample runs a forward
+  of the whole window per byte of its continuation.)"""
   train_bytes, held_out = data.split(data.load_corpus())
   with pytest.raises(ValueError, match=r"^--seq-len 200000: at most (\d+) ") as refused:
     data.check_seq_len(200000, train_bytes, held_out)
