@@ -312,6 +312,20 @@ class _WideModel(nnx.Module):
     return self.dense(x)
 
 
+def _fit_step():
+  """``(model, optimizer) -> loss``: one ``nnx.Optimizer`` update of a
+  _WideModel towards 1 on a fixed input."""
+  x = jnp.linspace(-1.0, 1.0, 4 * 256).reshape(4, 256)
+
+  @nnx.jit
+  def step(model, optimizer):
+    loss, grads = nnx.value_and_grad(lambda m: jnp.mean((m(x) - 1.0) ** 2))(model)
+    optimizer.update(model, grads)
+    return loss
+
+  return step
+
+
 def _quantized_decoded(optimizer) -> list:
   state = nnx.as_pure(optimizer.opt_state)
   return [np.asarray(q.decode()) for q in jax.tree.leaves(state, is_leaf=_is_q) if _is_q(q)]
@@ -337,13 +351,7 @@ def test_nnx_quantized_state_restores_onto_a_mesh_with_other_blocks(tmp_path, ax
   tx = shardopt.adamw(1e-2, state_bits=bits)
   shardings = lambda mesh: {"dense": {k: NamedSharding(mesh, s) for k, s in SPECS.items()}}
   make = lambda mesh: ck.create_nnx_optimizer(lambda: _WideModel(nnx.Rngs(0)), tx, shardings(mesh))
-  x = jnp.linspace(-1.0, 1.0, 4 * 256).reshape(4, 256)
-
-  @nnx.jit
-  def step(model, optimizer):
-    loss, grads = nnx.value_and_grad(lambda m: jnp.mean((m(x) - 1.0) ** 2))(model)
-    optimizer.update(model, grads)
-    return loss
+  step = _fit_step()
 
   model, optimizer = make(_mesh((2, 4), axis_types))
   for _ in range(2):
@@ -381,13 +389,7 @@ def test_plain_nnx_optimizer_with_update_layout_on_explicit_axes(tx):
   leaf. 3 steps give the losses of the same run on Auto axes (1e-5; the
   same quantization blocks), optax's muon included (its matmul over a split
   dimension is ambiguous on Explicit axes)."""
-  x = jnp.linspace(-1.0, 1.0, 4 * 256).reshape(4, 256)
-
-  @nnx.jit
-  def step(model, optimizer):
-    loss, grads = nnx.value_and_grad(lambda m: jnp.mean((m(x) - 1.0) ** 2))(model)
-    optimizer.update(model, grads)
-    return loss
+  step = _fit_step()
 
   def losses(axis_types):
     mesh = _mesh((2, 4), axis_types)

@@ -124,7 +124,8 @@ def _on_auto_axes(fn, mesh, out_specs_of):
     with jax.sharding.use_abstract_mesh(auto):
       args = jax.sharding.reshard(args, jax.tree.map(lambda _: P(), args))
       out = fn(*args)
-    return jax.sharding.reshard(out, out_specs_of(out))
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # the caller's may be none
+      return jax.sharding.reshard(out, out_specs_of(out))
 
   return call
 
