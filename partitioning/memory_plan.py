@@ -19,7 +19,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
-from partitioning.specs import PartitionError, entry_axes, leaves_with_paths
+from partitioning.specs import PartitionError, entry_axes, leaf_dtype, leaves_with_paths
 from partitioning.table import format_table
 
 __all__ = ["MemoryPlan", "TreeMemory", "format_bytes", "leaf_device_bytes", "memory_plan"]
@@ -57,7 +57,7 @@ def leaf_device_bytes(leaf: Any, path: str = "") -> int:
   """Bytes of the largest shard of one leaf."""
   shape = tuple(np.shape(leaf))
   sharding = getattr(leaf, "sharding", None)
-  return math.prod(_shard_shape(path, shape, sharding)) * leaf.dtype.itemsize
+  return math.prod(_shard_shape(path, shape, sharding)) * leaf_dtype(leaf).itemsize
 
 
 def _device_count(sharding: Any) -> int | None:
@@ -85,7 +85,7 @@ class TreeMemory(NamedTuple):
 
 def _tree_memory(tree: Any, num_devices: int) -> TreeMemory:
   leaves = leaves_with_paths(tree)
-  total = sum(math.prod(np.shape(x)) * x.dtype.itemsize for _, x in leaves)
+  total = sum(math.prod(np.shape(x)) * leaf_dtype(x).itemsize for _, x in leaves)
   on_a_device = [(leaf_device_bytes(x, path), _in_host_memory(x)) for path, x in leaves]
   per_device = sum(n for n, _ in on_a_device)
   host = sum(n for n, in_host in on_a_device if in_host)

@@ -54,9 +54,15 @@ _DECODER_LAYOUT = (
     (r"mlp/wo/kernel$", 2, 1, 0),
     (r"lm_head/kernel$", 2, 0, 1),
 )
-_REPLICATED = ((r"(ln_\w+|norm\w*)/scale$", PartitionSpec()), (r"bias$", PartitionSpec()))
+_SCALE = r"(ln_\w+|norm\w*)/scale$"
 _STACKED = r"(^|/)layers/(.*/)?"  # per-layer params under one 'layers' node
-_STACKED_SCALE = _STACKED + r"(ln_\w+|norm\w*)/scale$"
+_OUTSIDE_STACKED = r"^(?!(.*/)?layers/)(.*/)?"  # not under it (the final norm)
+
+
+def _replicated(stacked: bool) -> list[tuple[str, PartitionSpec]]:
+  """Norm scales (stacked ones have their own rule) and biases: replicated."""
+  scale = (_OUTSIDE_STACKED if stacked else "") + _SCALE
+  return [(scale, PartitionSpec()), (r"bias$", PartitionSpec())]
 
 
 def decoder_rules(
@@ -95,8 +101,8 @@ def decoder_rules(
     else:
       rules.append((pattern, PartitionSpec(*entries)))
   if stacked:
-    rules.insert(0, (_STACKED_SCALE, PartitionSpec(None, fsdp_axis if fsdp else None)))
-  return rules + list(_REPLICATED)
+    rules.insert(0, (_STACKED + _SCALE, PartitionSpec(None, fsdp_axis if fsdp else None)))
+  return rules + _replicated(stacked)
 
 
 def decoder_param_shapes(

@@ -6,9 +6,11 @@ PartitionSpec. Rank-0 leaves (scalars) need no rule: they are always
 replicated, ``P()``. A parameter that no rule matches is an error naming it,
 so a new parameter is never silently replicated; end the rules with
 ``('.*', P())`` to replicate everything else on purpose. With
-``strict=True`` a parameter that two rules with *different* specs match is an
-error too (an ambiguity that rule order alone resolves); a final catch-all
-``'.*'`` rule is exempt.
+``strict=True`` a parameter that two rules with *different* layouts match is
+an error too (an ambiguity that rule order alone resolves; specs that differ
+only by trailing ``None`` entries are one layout); the last rule is exempt
+where it matches every param (a catch-all, however written: ``'.*'``,
+``'^.*$'``, ``''``).
 """
 
 import re
@@ -19,7 +21,7 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from partitioning.specs import PartitionError, as_spec, leaves_with_paths, zip_specs
+from partitioning.specs import PartitionError, as_spec, leaf_dtype, leaves_with_paths, zip_specs
 from partitioning.table import format_table
 
 __all__ = ["Rules", "match_partition_rules", "matching_rule", "rule_table"]
@@ -47,13 +49,13 @@ def _compiled(rules: Rules) -> list[tuple[re.Pattern, PartitionSpec]]:
   return out
 
 
+def _first_pattern(compiled, path: str) -> int | None:
+  """Index of the first rule whose pattern is found in ``path``."""
+  return next((i for i, (pattern, _) in enumerate(compiled) if pattern.search(path)), None)
+
+
 def _first_match(compiled, path: str, shape: Sequence[int]) -> int | None:
-  if len(shape) == 0:
-    return _SCALAR
-  for i, (pattern, _) in enumerate(compiled):
-    if pattern.search(path):
-      return i
-  return None
+  return _SCALAR if len(shape) == 0 else _first_pattern(compiled, path)
 
 
 def matching_rule(rules: Rules, path: str, shape: Sequence[int]) -> int | None:
@@ -65,12 +67,29 @@ def _list_rules(rules: Rules) -> str:
   return "\n".join(f"  {i}: {pattern!r} -> {as_spec(spec)}" for i, (pattern, spec) in enumerate(rules))
 
 
-def _conflicting_rules(compiled, path: str) -> list[int]:
-  """Indices of the rules (catch-all '.*' aside) matching ``path``, when they
-  disagree on the spec."""
+def _layout(spec: PartitionSpec) -> tuple:
+  """``spec``'s entries without trailing ``None``s: ``P('model', None)`` and
+  ``P('model')`` lay a param out alike."""
+  entries = list(spec)
+  while entries and entries[-1] is None:
+    entries.pop()
+  return tuple(entries)
+
+
+def _catch_all(compiled, paths: list[str]) -> int | None:
+  """The last rule's index where its pattern is found in every path."""
+  last = len(compiled) - 1
+  if last >= 0 and all(compiled[last][0].search(path) for path in paths):
+    return last
+  return None
+
+
+def _conflicting_rules(compiled, path: str, exempt: int | None) -> list[int]:
+  """Indices of the rules (``exempt`` aside) matching ``path``, when they
+  disagree on the layout."""
   hits = [i for i, (pattern, _) in enumerate(compiled)
-          if pattern.pattern != ".*" and pattern.search(path)]
-  return hits if len({compiled[i][1] for i in hits}) > 1 else []
+          if i != exempt and pattern.search(path)]
+  return hits if len({_layout(compiled[i][1]) for i in hits}) > 1 else []
 
 
 def match_partition_rules(rules: Rules, params: Any, *, strict: bool = False) -> Any:
@@ -81,11 +100,13 @@ def match_partition_rules(rules: Rules, params: Any, *, strict: bool = False) ->
   ``strict``, also every path that rules with different specs match.
   """
   compiled = _compiled(rules)
+  leaves = leaves_with_paths(params)
+  exempt = _catch_all(compiled, [path for path, leaf in leaves if np.shape(leaf)])
   specs, unmatched, ambiguous = [], [], []
-  for path, leaf in leaves_with_paths(params):
+  for path, leaf in leaves:
     index = _first_match(compiled, path, np.shape(leaf))
     if strict and index not in (None, _SCALAR):
-      conflict = _conflicting_rules(compiled, path)
+      conflict = _conflicting_rules(compiled, path, exempt)
       if conflict:
         ambiguous.append(f"  {path}: rules {conflict} give "
                          + ", ".join(str(compiled[i][1]) for i in conflict))
@@ -123,10 +144,10 @@ def rule_table(rules: Rules, params: Any, specs: Any = None) -> str:
   compiled, rows, used = _compiled(rules), [], set()
   for path, leaf, spec in zip_specs(params, specs):
     index = _first_match(compiled, path, np.shape(leaf))
-    used.add(index)
+    used.add(_first_pattern(compiled, path))  # a scalar's too: it is not a typo
     rule = {None: "(no rule)", _SCALAR: "(scalar)"}.get(index)
     rule = rule or f"{index}: {rules[index][0]}"
-    dtype = str(leaf.dtype if hasattr(leaf, "dtype") else np.result_type(leaf))
+    dtype = str(leaf_dtype(leaf))
     rows.append([path, str(tuple(np.shape(leaf))), dtype, rule, str(spec)])
   table = format_table(["param", "shape", "dtype", "rule", "spec"], rows)
   unused = [f"  {i}: {rules[i][0]!r}" for i in range(len(rules)) if i not in used]

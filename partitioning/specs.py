@@ -9,6 +9,7 @@ Parameter paths are the '/'-joined keys of a pytree leaf, e.g.
 from typing import Any, Sequence
 
 import jax
+import numpy as np
 from jax.sharding import PartitionSpec
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "as_spec",
     "entry_axes",
     "is_spec",
+    "leaf_dtype",
     "leaves_with_paths",
     "param_path",
     "spec_axes",
@@ -43,6 +45,15 @@ def as_spec(x: PartitionSpec | Sequence | None) -> PartitionSpec:
       f"Expected a PartitionSpec, a tuple of mesh axis names or None; got"
       f" {x!r} of type {type(x).__name__}."
   )
+
+
+def leaf_dtype(leaf: Any) -> Any:
+  """A param's dtype: its own (a typed PRNG key's included), or for a Python
+  scalar the one jax gives it (``jnp.asarray(1.0)``: float32 unless x64 is
+  on)."""
+  if hasattr(leaf, "dtype"):
+    return leaf.dtype
+  return np.dtype(jax.dtypes.canonicalize_dtype(np.result_type(leaf)))
 
 
 def entry_axes(entry: Any) -> tuple[str, ...]:

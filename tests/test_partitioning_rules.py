@@ -1,5 +1,6 @@
 """Partition rules: first match wins, scalars, unmatched params, the rule table, presets."""
 
+import re
 import jax
 import jax.numpy as jnp
 import pytest
@@ -9,10 +10,13 @@ from jax.sharding import PartitionSpec as P
 from partitioning import (
     DECODER_PRESETS,
     PartitionError,
+    abstract_params,
     decoder_param_shapes,
     decoder_rules,
     make_mesh,
     match_partition_rules,
+    memory_plan,
+    named_shardings,
     param_path,
     rule_table,
     validate_specs,
@@ -65,6 +69,60 @@ def test_strict_mode_names_params_that_rules_disagree_on():
   agreeing = [(r"kernel$", P("model")), (r"mlp/wo/kernel$", P("model")), (r".*", P())]
   assert match_partition_rules(agreeing, PARAMS, strict=True)["decoder"]["layers_0"]["mlp"][
       "wo"]["kernel"] == P("model")
+
+
+@pytest.mark.parametrize("catch_all", [".*", "^.*$", ".+", ""])
+def test_strict_mode_exempts_a_last_rule_matching_every_param_however_written(catch_all):
+  """The exemption is the last rule's, where it matches every param: its
+  spelling does not matter, and a '.*' placed first (which shadows every
+  later rule) is reported like any other rule."""
+  params = {"embed": jnp.zeros((8, 4)), "head": jnp.zeros((4, 8))}
+  specs = match_partition_rules([("embed", P("model")), (catch_all, P())], params, strict=True)
+  assert specs == {"embed": P("model"), "head": P()}
+  with pytest.raises(PartitionError, match=r"embed: rules \[0, 1\] give P\(\), P\('model',\)"):
+    match_partition_rules([(catch_all, P()), ("embed", P("model"))], params, strict=True)
+
+
+def test_strict_mode_takes_trailing_nones_as_the_same_layout():
+  params = {"w": jnp.zeros((8, 4))}
+  rules = [("w", P("model")), ("w$", P("model", None)), ("^w", ("model", None))]
+  assert match_partition_rules(rules, params, strict=True) == {"w": P("model")}
+
+
+@pytest.mark.parametrize("stacked", [False, True], ids=["layers", "stacked"])
+@pytest.mark.parametrize("preset", DECODER_PRESETS)
+def test_every_preset_is_unambiguous(preset, stacked):
+  """The presets pass strict mode on their own shapes (the stacked fsdp
+  presets' final-norm rule matched the stacked norms too)."""
+  shapes = decoder_param_shapes(64, 16, 2, 32, 4, stacked=stacked)
+  specs = match_partition_rules(decoder_rules(preset, stacked=stacked), shapes, strict=True)
+  assert specs["ln_f"]["scale"] == P()
+
+
+def test_named_shardings_name_the_path_of_a_bad_spec():
+  mesh = make_mesh("data=2,model=4")
+  with pytest.raises(PartitionError, match=re.escape(
+      "specs['enc']['kernel'] = P('modle', None) names mesh axes ['modle'], which the mesh"
+      " (axes ('data', 'model')) lacks")):
+    named_shardings(mesh, {"enc": {"kernel": P("modle", None)}})
+  with pytest.raises(PartitionError, match=re.escape(
+      "specs['enc']['kernel'][0] is 'model', not a PartitionSpec (a spec written as a tuple")):
+    named_shardings(mesh, {"enc": {"kernel": ("model", None)}})
+
+
+def test_a_python_scalar_param_goes_through_every_step():
+  """A Python float among the params: replicated, typed as jax types it
+  (float32), in the abstract params and the memory plan; the rule it reaches
+  is not listed as matching no param."""
+  mesh = make_mesh("data=2,model=4")
+  params = {"w": jnp.ones((8, 4)), "temperature": 1.0}
+  rules = [("w", P("model")), (".*", P())]
+  specs = match_partition_rules(rules, params)
+  assert specs == {"w": P("model"), "temperature": P()}
+  abstract = abstract_params(params, named_shardings(mesh, specs))
+  assert abstract["temperature"].dtype == jnp.float32 and abstract["temperature"].shape == ()
+  assert memory_plan(params, num_devices=8).params.total_bytes == 8 * 4 * 4 + 4
+  assert "match no param" not in rule_table(rules, params)
 
 
 def test_rules_work_on_shape_dtype_structs():
