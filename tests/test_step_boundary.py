@@ -158,3 +158,45 @@ def test_a_state_of_another_optimizer_names_where_it_differs(call):
       "state is a tuple with entries [0] where the optimizer has a tuple with entries [0], [1]")):
     _calls(opt, params, state[:1])[call]()
   assert not state[0].mu["w"].is_deleted()
+
+
+def test_a_param_spec_that_does_not_divide_its_param_is_named():
+  """One bad spec used to leave every param's state replicated, with only a
+  warning naming no param."""
+  mesh = partitioning.make_mesh({"data": 2, "model": 4})
+  params = {"w": jnp.ones((8, 16)), "odd": jnp.ones((3, 5))}
+  shardings = {"w": jax.sharding.NamedSharding(mesh, P(None, "model")),
+               "odd": jax.sharding.NamedSharding(mesh, P(None, "model"))}
+  with pytest.raises(ValueError, match=re.escape(
+      "params['odd'] has shape (3, 5), whose dimension 1 (5) its sharding"
+      " P(None, 'model') splits into 4 parts")):
+    shardopt.make_sharded_optimizer(shardopt.adam(0.1), params, shardings)
+
+
+def test_params_of_other_shapes_are_named():
+  opt, params, state = _setup()
+  wide = {"w": jax.device_put(jnp.ones((8, 32)), opt.param_shardings["w"]), "b": params["b"]}
+  with pytest.raises(ValueError, match=re.escape(
+      "params['w'] has shape (8, 32); this optimizer was built for (8, 16)")):
+    opt.update(jax.tree.map(jnp.ones_like, wide), state, wide)
+
+
+def test_inputs_placed_otherwise_are_named_with_the_fix():
+  """jit refuses an array in another sharding or memory kind without naming
+  it; the step names the tree, the leaf and both placements."""
+  opt, params, state = _setup()
+  mesh = opt.param_shardings["w"].mesh
+  grads = {"w": jax.device_put(jnp.ones((8, 16)), jax.sharding.NamedSharding(mesh, P())),
+           "b": jnp.ones((16,))}
+  with pytest.raises(ValueError, match=re.escape(
+      "grads['w'] is placed as P() in device memory, but this optimizer takes it as"
+      " P(None, 'model') in device memory: place it so first"
+      " (jax.device_put(grads, opt.param_shardings))")):
+    opt.update(grads, state, params)
+  on_host = shardopt.make_sharded_optimizer(
+      shardopt.adam(0.1), jax.tree.map(jnp.copy, params), opt.param_shardings,
+      state_memory_kind="pinned_host")
+  with pytest.raises(ValueError, match=re.escape(
+      "state[0].count is placed as P() in device memory, but this optimizer takes it as"
+      " P() in pinned_host memory")):
+    on_host.update(jax.tree.map(jnp.ones_like, params), state, params)

@@ -424,6 +424,20 @@ def test_microbatches_equal_the_one_batch_step(axis_types):
   _assert_trees_close((params, state), (ref_params, ref_state), rtol=1e-6, atol=1e-7)
 
 
+def test_microbatches_take_any_integer_type():
+  """A NumPy integer is a count of microbatches; a bool, a float or 0 is not."""
+  opt, params, state = _sharded(shardopt.adam(1e-2), "auto")
+  numpy_count = opt.train_step(_mse, microbatches=np.int64(4))
+  python_count = opt.train_step(_mse, microbatches=4)
+  batch = _mlp_batch(0)
+  np.testing.assert_allclose(numpy_count(jax.tree.map(jnp.copy, params),
+                                         jax.tree.map(jnp.copy, state), batch)[2],
+                             python_count(params, state, batch)[2], rtol=1e-6)
+  for bad in (0, True, 2.0):
+    with pytest.raises(ValueError, match="expected an integer >= 1"):
+      opt.train_step(_mse, microbatches=bad)
+
+
 def test_microbatches_need_less_temporary_memory_where_activations_dominate():
   """A 512-wide hidden layer on 256 rows: the activations, not the 12K
   params, fill the step's temporaries; 4 microbatches hold a quarter of

@@ -33,7 +33,8 @@ import numpy as np
 from shardopt.sharding._specs import entry_size
 from shardopt.sharding._specs import full_spec
 
-__all__ = ["check_grads", "check_inputs", "check_live", "explained_rejection"]
+__all__ = ["check_grads", "check_inputs", "check_live", "check_param_shardings",
+           "check_placed", "explained_rejection"]
 
 
 def _first_structure_difference(grads, params) -> str:
@@ -113,47 +114,116 @@ _STATE_FIX = ("Pass the state this optimizer's init returned (or one restored fr
               " checkpoint, which lays it out for this optimizer)")
 
 
-def check_inputs(param_shardings, params, state_shardings=None, state=None) -> None:
+def check_inputs(param_shardings, params, state_shardings=None, state=None,
+                 params_like=None) -> None:
   """Raises ValueError naming the first node where ``params`` (or
   ``state``) departs from the tree of shardings the optimizer was built
-  with, or the first state leaf whose shape its planned sharding cannot
-  split (a state built for another layout: ``tx.init`` of unsharded params
-  fits quantized blocks to whole moments), and what to pass instead."""
+  with, a param of another shape than ``params_like``'s, or the first state
+  leaf whose shape its planned sharding cannot split (a state built for
+  another layout: ``tx.init`` of unsharded params fits quantized blocks to
+  whole moments), and what to pass instead."""
   _check_structure("params", params, param_shardings,
                    "Pass params of the tree the optimizer was built for, or build one for these"
                    " (make_sharded_optimizer(tx, params, param_shardings)).")
+  if params_like is not None:
+    _check_shapes(params, params_like)
   if state_shardings is not None:
     _check_structure("state", state, state_shardings,
                      _STATE_FIX + "; another optimizer's state needs that optimizer.")
     _check_divisible(state, state_shardings)
 
 
-def _check_divisible(state, state_shardings) -> None:
-  for (path, leaf), sharding in zip(tree_flatten_with_path(state)[0],
-                                    jax.tree.leaves(state_shardings)):
+def check_placed(param_shardings, params, state_shardings=None, state=None,
+                 grads=None) -> None:
+  """Raises ValueError naming the first array of ``params``, ``grads`` or
+  ``state`` (trees of the optimizer's structure) placed in another sharding
+  or memory than the optimizer takes it (``jit`` refuses it unnamed)."""
+  for what, tree, shardings, attribute in (
+      ("params", params, param_shardings, "param_shardings"),
+      ("grads", grads, param_shardings, "param_shardings"),
+      ("state", state, state_shardings, "state_shardings")):
+    if tree is not None and shardings is not None:
+      _check_placed(what, tree, shardings, attribute)
+
+
+def _check_shapes(params, params_like) -> None:
+  for (path, leaf), like in zip(tree_flatten_with_path(params)[0],
+                                jax.tree.leaves(params_like)):
+    if np.shape(leaf) != np.shape(like):
+      raise ValueError(
+          f"params{keystr(path)} has shape {np.shape(leaf)}; this optimizer was built for "
+          f"{np.shape(like)}. Pass params of the shapes it was built for, or build one for "
+          "these (make_sharded_optimizer(tx, params, param_shardings)).")
+
+
+def _placement(sharding) -> str:
+  layout = getattr(sharding, "spec", sharding)  # a NamedSharding's spec, else itself
+  return f"{layout} in {sharding.memory_kind or 'device'} memory"
+
+
+def _check_placed(what, tree, shardings, attribute) -> None:
+  for (path, leaf), sharding in zip(tree_flatten_with_path(tree)[0],
+                                    jax.tree.leaves(shardings)):
+    committed = _is_concrete_array(leaf) and leaf.committed  # jit moves the others
+    placed = leaf.sharding if committed else None
+    if placed is not None and not (placed.is_equivalent_to(sharding, leaf.ndim)
+                                   and placed.memory_kind == sharding.memory_kind):
+      raise ValueError(
+          f"{what}{keystr(path)} is placed as {_placement(placed)}, but this optimizer "
+          f"takes it as {_placement(sharding)}: place it so first "
+          f"(jax.device_put({what}, opt.{attribute})).")
+
+
+def _indivisible(tree, shardings):
+  """``(path, shape, dim, parts, spec)`` of the first leaf of ``tree`` whose
+  dimension its sharding splits into parts that do not divide it; None."""
+  for (path, leaf), sharding in zip(tree_flatten_with_path(tree)[0],
+                                    jax.tree.leaves(shardings)):
     shape = np.shape(leaf)
     for dim, (length, entry) in enumerate(zip(shape, full_spec(sharding.spec, len(shape)))):
       parts = entry_size(sharding.mesh, entry)
       if length % parts:
-        raise ValueError(
-            f"state{keystr(path)} has shape {shape}, whose dimension {dim} ({length}) this "
-            f"optimizer's layout splits into {parts} ({sharding.spec}): it was built for "
-            f"another layout (e.g. by tx.init of unsharded params). {_STATE_FIX}.")
+        return keystr(path), shape, dim, parts, sharding.spec
+  return None
+
+
+def _check_divisible(state, state_shardings) -> None:
+  found = _indivisible(state, state_shardings)
+  if found:
+    path, shape, dim, parts, spec = found
+    raise ValueError(
+        f"state{path} has shape {shape}, whose dimension {dim} ({shape[dim]}) this "
+        f"optimizer's layout splits into {parts} ({spec}): it was built for "
+        f"another layout (e.g. by tx.init of unsharded params). {_STATE_FIX}.")
+
+
+def check_param_shardings(params, param_shardings) -> None:
+  """Raises ValueError naming the first param whose sharding splits a
+  dimension into parts that do not divide it (the state would be derived
+  for a layout the param cannot have)."""
+  found = _indivisible(params, param_shardings)
+  if found:
+    path, shape, dim, parts, spec = found
+    raise ValueError(
+        f"params{path} has shape {shape}, whose dimension {dim} ({shape[dim]}) its sharding "
+        f"{spec} splits into {parts} parts: give it a spec whose mesh axes divide its "
+        "dimensions (partitioning.validate_specs checks every param's).")
 
 
 @contextlib.contextmanager
 def explained_rejection(param_shardings, params, state_shardings=None,
-                        state=None, grads=None):
+                        state=None, grads=None, params_like=None):
   """Runs its body (a call of a jitted entry point); inputs ``jit`` rejects
-  before tracing (``ValueError`` / ``TypeError``) are explained by
+  (``ValueError`` / ``TypeError``, before or while tracing) are explained by
   ``check_inputs`` (and ``check_grads`` when ``grads`` are given), which
   raise naming where they differ; otherwise ``jit``'s error propagates."""
   try:
     yield
-  except (ValueError, TypeError):  # rejected before tracing: say why
-    check_inputs(param_shardings, params, state_shardings, state)
+  except (ValueError, TypeError):  # rejected: say why where the inputs do
+    check_inputs(param_shardings, params, state_shardings, state, params_like)
     if grads is not None:
       check_grads(grads, params)
+    check_placed(param_shardings, params, state_shardings, state, grads)
     raise
 
 

@@ -38,6 +38,7 @@ from jax.sharding import PartitionSpec as P
 
 from shardopt._src.ownership import state_owners
 from shardopt._src.typed_layouts import eval_shape_typed
+from shardopt.sharding._boundary import check_param_shardings
 from shardopt.sharding._specs import device_bytes as _device_bytes
 from shardopt.sharding._specs import full_spec as _full_spec
 from shardopt.sharding._specs import spec_axes as _axes
@@ -178,6 +179,7 @@ def plan_state_shardings(tx, params, param_shardings, *,
         f"(axes: {tuple(mesh.shape)}).")
   param_leaves, params_def = jax.tree.flatten(params)
   spec_leaves = _param_specs(params, param_shardings)
+  check_param_shardings(params, param_shardings)
   zeros = ([None] * len(param_leaves) if shard_state_over is None else [
       param_zero(p.shape, p.dtype, spec, shard_state_over,
                  mesh.shape[shard_state_over], min_shard_bytes)

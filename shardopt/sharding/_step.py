@@ -153,12 +153,13 @@ class ShardedUpdate:
   param_shardings: Any
   state_shardings: Any
   donated: bool
+  params_like: Any = None  # the params' shapes, for errors (None: not checked)
 
   def __call__(self, grads, state, params, **extra_args):
     check_live("opt.update", ("params", "state") if self.donated else (),
                params=params, state=state, grads=grads, **extra_args)
     with explained_rejection(self.param_shardings, params,
-                             self.state_shardings, state, grads):
+                             self.state_shardings, state, grads, self.params_like):
       return self.jitted(params, grads, state, *_split_extra_args(extra_args))
 
   def lower(self, grads, state, params, **extra_args):
@@ -173,7 +174,8 @@ def _split_extra_args(extra_args: dict) -> tuple[dict, tuple]:
 
 
 def sharded_update(tx, param_shardings, state_shardings, *,
-                   donate: bool = True, update_shardings=None) -> ShardedUpdate:
+                   donate: bool = True, update_shardings=None,
+                   params=None) -> ShardedUpdate:
   """One optimizer step with fixed shardings.
 
   Grads are read in ``param_shardings`` and handed to ``tx.update``, with
@@ -183,9 +185,13 @@ def sharded_update(tx, param_shardings, state_shardings, *,
   shardings name another memory kind (``make_sharded_optimizer``'s
   ``state_memory_kind``) is moved to device memory and back inside the
   step. With ``donate`` (default) the state and params passed in are
-  consumed: reuse only the returned ones.
+  consumed: reuse only the returned ones. ``params`` (arrays or
+  ``jax.ShapeDtypeStruct``s), where given: a call with params of other
+  shapes gets an error naming the first.
   """
   layout = param_shardings if update_shardings is None else update_shardings
+  params_like = None if params is None else jax.tree.map(
+      lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype), params)
 
   def step(params, grads, state, arrays, callables):
     check_grads(grads, params)  # while tracing: once per signature
@@ -200,7 +206,7 @@ def sharded_update(tx, param_shardings, state_shardings, *,
       out_shardings=(param_shardings, state_shardings),
       static_argnums=(4,),
       donate_argnums=(0, 2) if donate else (),
-      keep_unused=True), param_shardings, state_shardings, donate)
+      keep_unused=True), param_shardings, state_shardings, donate, params_like)
 
 
 class ShardedOptimizer(NamedTuple):
@@ -270,5 +276,5 @@ def make_sharded_optimizer(tx, params, param_shardings, *,
       sharded_init(tx, param_shardings, state_shardings,
                    update_shardings=plan.update_shardings),
       sharded_update(tx, param_shardings, state_shardings, donate=donate,
-                     update_shardings=plan.update_shardings),
+                     update_shardings=plan.update_shardings, params=params),
       param_shardings, tx, donate)

@@ -48,6 +48,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -91,6 +92,7 @@ class TrainStep:
   param_shardings: Any
   state_shardings: Any
   donated: bool
+  params_like: Any = None  # the params' shapes, for errors (None: not checked)
 
   def _arguments(self, params, state, batch, key):
     if self.with_key != (key is not None):
@@ -106,7 +108,7 @@ class TrainStep:
   def __call__(self, params, state, batch, key=None):
     arguments = self._arguments(params, state, batch, key)
     with explained_rejection(self.param_shardings, params,
-                             self.state_shardings, state):
+                             self.state_shardings, state, params_like=self.params_like):
       return self.jitted(*arguments)
 
   def lower(self, params, state, batch, key=None):
@@ -180,9 +182,11 @@ def make_train_step(opt, loss_fn: Callable, *, has_aux: bool = False,
   if unknown:
     raise ValueError(f"train_step: extra_args {unknown} are not among "
                      f"{_EXTRA_ARGS}.")
-  if not isinstance(microbatches, int) or microbatches < 1:
+  if (isinstance(microbatches, bool) or not isinstance(microbatches, (int, np.integer))
+      or microbatches < 1):
     raise ValueError(f"train_step: microbatches={microbatches!r}; expected an "
                      "integer >= 1.")
+  microbatches = int(microbatches)
   mesh = mesh_of(opt.param_shardings)
   layout = batch_layout(mesh, batch_spec, data_axes, opt.plan.axis,
                         microbatches)
@@ -256,7 +260,7 @@ def make_train_step(opt, loss_fn: Callable, *, has_aux: bool = False,
       out_shardings=out_shardings,
       donate_argnums=(0, 1) if opt.donate else (),
       keep_unused=True), layout, with_key, param_shardings, opt.state_shardings,
-      opt.donate)
+      opt.donate, opt.update.params_like)
 
 
 def _loss_only(loss_fn, has_aux, with_key, params, batch, key):
