@@ -179,6 +179,10 @@ def test_params_of_other_shapes_are_named():
   with pytest.raises(ValueError, match=re.escape(
       "params['w'] has shape (8, 32); this optimizer was built for (8, 16)")):
     opt.update(jax.tree.map(jnp.ones_like, wide), state, wide)
+  train_step = opt.train_step(lambda p, batch: jnp.sum(p["w"]) + jnp.sum(batch))
+  with pytest.raises(ValueError, match=re.escape(
+      "params['w'] has shape (8, 32); this optimizer was built for (8, 16)")):
+    train_step(wide, state, jnp.zeros((8,)))
 
 
 def test_inputs_placed_otherwise_are_named_with_the_fix():
@@ -200,3 +204,8 @@ def test_inputs_placed_otherwise_are_named_with_the_fix():
       "state[0].count is placed as P() in device memory, but this optimizer takes it as"
       " P() in pinned_host memory")):
     on_host.update(jax.tree.map(jnp.ones_like, params), state, params)
+  with pytest.raises(ValueError, match=re.escape(
+      "state[0].count is placed as P() in device memory, but this optimizer takes it as"
+      " P() in pinned_host memory")):
+    on_host.train_step(lambda p, batch: jnp.sum(p["w"]) + jnp.sum(batch))(
+        params, state, jnp.zeros((8,)))
