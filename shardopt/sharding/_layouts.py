@@ -88,8 +88,8 @@ def update_in_layout(tx, grads, state, params, update_shardings,
   layout. ``params`` may be None (``tx.update`` then gets None).
 
   On Explicit mesh axes ``tx.update`` runs with those axes Auto
-  (``jax.sharding.auto_axes``), as on an Auto mesh: its inputs and outputs
-  keep the layouts fixed here and the state's own, and XLA's partitioner
+  (``_on_auto_axes``), as on an Auto mesh: its inputs and outputs keep the
+  layouts fixed here and the state's own (matched by path), and XLA's partitioner
   places what it computes in between. A transformation written without
   sharding types (optax's own: a ``vdot`` or a matmul over a split
   dimension, an SVD) then runs on either kind of mesh.
