@@ -380,6 +380,7 @@ def finish(values: dict, given=None) -> argparse.Namespace:
   the names the user gave (default all of ``values``; a resume's saved flags
   are not given: a saved default --warmup-steps is shortened as a default)."""
   args = parser().parse_args([])
+  args.out_is_newest_run = False  # --out is the run --resume found (``launch.flags``)
   vars(args).update(values)
   check_args(args)
   if args.lr is None:

@@ -57,4 +57,6 @@ def resolve(argv=None) -> argparse.Namespace:
   if given.get("config"):
     given = {**run_config.read_file(given["config"]), **given}
   saved = _resumed_run(given) if given.get("resume") else {}
-  return cli.finish({**saved, **given}, given)
+  args = cli.finish({**saved, **given}, given)
+  args.out_is_newest_run = "out" in saved  # never inherited: found by --resume
+  return args

@@ -28,7 +28,7 @@ __all__ = ["INVOCATION", "MAY_CHANGE", "NOT_INHERITED", "compare", "config_of",
            "describe_changes", "flags_of", "inherited", "read_file", "saved_config", "title",
            "to_toml"]
 
-INVOCATION = frozenset({"resume", "config", "print_config", "debug"})
+INVOCATION = frozenset({"resume", "config", "print_config", "debug", "out_is_newest_run"})
 NOT_INHERITED = frozenset({  # where this invocation runs: the paths, the processes and devices
     "out", "checkpoint_dir", "cpu_devices", "coordinator", "num_processes", "process_id",
     "auto_distributed", "init_timeout", "heartbeat_timeout"})

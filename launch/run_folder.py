@@ -169,6 +169,7 @@ def _resolve_default_out(args: argparse.Namespace) -> tuple[bool, str | None, li
     try:
       args.out = str(newest_resumable())
       args.checkpoint_dir = os.path.join(args.out, "checkpoints")
+      args.out_is_newest_run = True
       return True, None, []
     except UsageError:
       if args.resume == "required":
@@ -204,15 +205,26 @@ def _make(flag: str, path: str) -> list[str]:
     raise UsageError(f"{flag} {path}: cannot create it ({e.strerror})") from None
 
 
-def _locks(args: argparse.Namespace) -> list[tuple[str, str]]:
-  """The (flag, folder) pairs to lock: --out, and --checkpoint-dir when it lies elsewhere
-  (local paths only: a bucket has no lock file)."""
-  pairs = [("--out", args.out)]
+def _out_named(args: argparse.Namespace) -> tuple[str, str | None]:
+  """How messages name --out and the remedy they give (None: choose another --out): the
+  newest run where --resume found it."""
+  if args.out_is_newest_run:
+    return ("--resume: the newest run",
+            "pass --out naming the run to resume, or a new folder to start afresh")
+  return "--out", None
+
+
+def _locks(args: argparse.Namespace) -> list[tuple[str, str, str | None]]:
+  """(how messages name it, folder, the remedy they give or None) of each folder to lock:
+  --out, and --checkpoint-dir when it lies elsewhere (local paths only: a bucket has no lock
+  file)."""
   out, checkpoint_dir = os.path.abspath(args.out), os.path.abspath(args.checkpoint_dir)
+  named, fix = _out_named(args)
+  triples = [(named, args.out, fix)]
   inside = checkpoint_dir == out or checkpoint_dir.startswith(out + os.sep)
   if "://" not in args.checkpoint_dir and not inside:
-    pairs.append(("--checkpoint-dir", args.checkpoint_dir))
-  return pairs
+    triples.append(("--checkpoint-dir", args.checkpoint_dir, None))
+  return triples
 
 
 def refuse_if_in_use(args: argparse.Namespace) -> None:
@@ -222,7 +234,8 @@ def refuse_if_in_use(args: argparse.Namespace) -> None:
   if args.out is None:
     run_lock.refuse_if_inside(_DEFAULT_PLACE, RUNS)
   else:
-    run_lock.refuse_if_held("--out", args.out)
+    named, fix = _out_named(args)
+    run_lock.refuse_if_held(named, args.out, fix=fix)
   run_lock.refuse_if_held("--checkpoint-dir", args.checkpoint_dir)
 
 
@@ -234,15 +247,16 @@ def _hold(args: argparse.Namespace, default_out: bool,
   run's folder. Of two runs starting at once whose folders nest, the later to take its lock
   sees the other's. On failure releases what it took and removes the folders it created."""
   taken, created = [], []
+  locks = _locks(args)
   try:
-    for flag, folder in _locks(args):
+    for flag, folder, fix in locks:
       created += _make(flag, folder)
-      taken.append(run_lock.RunLock.acquire(folder, flag, warn=say))
+      taken.append(run_lock.RunLock.acquire(folder, flag, warn=say, fix=fix))
     own = [lock.path for lock in taken]
     if default_out:
       run_lock.refuse_if_inside(_DEFAULT_PLACE, RUNS, own)
-    for flag, folder in _locks(args):
-      run_lock.refuse_if_held(flag, folder, own)
+    for flag, folder, fix in locks:
+      run_lock.refuse_if_held(flag, folder, own, fix)
   except UsageError:
     _undo(taken, created)
     raise

@@ -98,9 +98,13 @@ def holder_of(folder) -> tuple[Holder, str | None] | None:
   return holder, holder.gone(age)
 
 
-def _in_use(flag: str, folder, holder: Holder, lock: pathlib.Path) -> UsageError:
+def _in_use(flag: str, folder, holder: Holder, lock: pathlib.Path, fix: str | None) -> UsageError:
   return UsageError(f"{flag} {folder} is in use by another run ({holder.describe()}; lock"
-                    f" {lock}): wait for it to end, or choose another {flag}")
+                    f" {lock}): wait for it to end, or {_remedy(flag, fix)}")
+
+
+def _remedy(flag: str, fix: str | None) -> str:
+  return fix or f"choose another {flag}"
 
 
 class RunLock:
@@ -113,9 +117,10 @@ class RunLock:
     self._beat.start()
 
   @classmethod
-  def acquire(cls, folder, flag: str = "--out", warn=print) -> "RunLock":
+  def acquire(cls, folder, flag: str = "--out", warn=print, fix: str | None = None) -> "RunLock":
     """Takes ``folder``'s lock (the folder must exist); a stale one is taken over with one
-    warning. Raises UsageError naming ``flag`` and the holder when a live run holds it."""
+    warning. Raises UsageError naming ``flag`` and the holder when a live run holds it, with
+    ``fix`` as the remedy (default: choose another ``flag``)."""
     path = pathlib.Path(folder) / LOCK_NAME
     mine = _mine()
     for _ in range(3):
@@ -126,7 +131,7 @@ class RunLock:
         continue  # released meanwhile
       holder, why = found
       if why is None:
-        raise _in_use(flag, folder, holder, path)
+        raise _in_use(flag, folder, holder, path, fix)
       if cls._set_aside(path):
         warn(f"warning: {flag} {folder}: took over the lock of a run that is gone"
              f" ({holder.describe()}: {why})")
@@ -199,21 +204,21 @@ def _live_lock_below(folder, mine: set[str]) -> tuple[pathlib.Path, Holder] | No
   return None
 
 
-def refuse_if_held(flag: str, folder, own=()) -> None:
+def refuse_if_held(flag: str, folder, own=(), fix: str | None = None) -> None:
   """Raises UsageError when a live run other than this one (whose lock files are ``own``) holds
   ``folder`` or a folder above it, or a folder under it (reads only: a fast check before the
   job imports jax, and again once this run holds its locks; ``None`` or a URL: nothing to
-  check)."""
+  check). ``fix``: the remedy named (default: choose another ``flag``)."""
   if not folder or "://" in folder:
     return
   mine = {os.path.realpath(path) for path in own}
   found = _live_lock_above(folder, mine)
   if found is not None:
-    raise _in_use(flag, folder, found[1], found[0])
+    raise _in_use(flag, folder, found[1], found[0], fix)
   found = _live_lock_below(folder, mine)
   if found is not None:
     raise UsageError(f"{flag} {folder} holds the folder of another run ({found[1].describe()};"
-                     f" lock {found[0]}): wait for it to end, or choose another {flag}")
+                     f" lock {found[0]}): wait for it to end, or {_remedy(flag, fix)}")
 
 
 def refuse_if_inside(what: str, folder, own=()) -> None:

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from launch import cli
+from launch import flags
 from launch import report
 from launch import resume
 from launch import run_folder
@@ -343,6 +344,47 @@ def test_a_folder_in_use_is_refused_at_once_naming_the_holder(run, tmp_path):
               f"host {held.holder.host}")
   assert elapsed < 5, elapsed  # before jax is imported
   assert hashes(run) == before
+
+
+@pytest.mark.parametrize("resume", [[], ["auto"]], ids=["required", "auto"])
+def test_resume_without_out_of_a_newest_run_in_use_names_resume(run, tmp_path, resume):
+  """--resume without --out, the newest run (which --resume picks) held by a live job: exit 2
+  naming --resume's choice and --out as the remedy, not a --out the user never passed; the
+  run as it was and no new run folder."""
+  work = tmp_path / "work"
+  newest = work / "runs" / "lm-20260101-000000"
+  newest.parent.mkdir(parents=True)
+  run.rename(newest)
+  before = hashes(work)
+  held = run_lock.RunLock.acquire(newest)
+  try:
+    result = job(tmp_path, *RUN, "--steps", "6", "--resume", *resume, cwd=work)
+  finally:
+    held.release()
+  usage_error(result, "--resume: the newest run runs/lm-20260101-000000 is in use by another"
+              " run", f"pid {os.getpid()}", "pass --out naming the run to resume")
+  assert "--out runs/" not in result.err
+  assert hashes(work) == before
+
+
+def test_resume_without_out_of_a_newest_run_locked_meanwhile_names_resume(
+    run, tmp_path, monkeypatch):
+  """The same once the run holds its locks (the other job took the newest run's lock after
+  the check before jax)."""
+  monkeypatch.chdir(tmp_path)
+  newest = pathlib.Path("runs") / "lm-20260101-000000"
+  newest.parent.mkdir()
+  run.rename(newest)
+  args = flags.resolve([*RUN, "--steps", "6", "--resume"])
+  assert args.out == str(newest) and args.out_is_newest_run
+  held = run_lock.RunLock.acquire(newest)
+  try:
+    with contextlib.ExitStack() as stack, pytest.raises(
+        cli.UsageError, match=f"^--resume: the newest run {newest} is in use by another run"
+        f" .*pid {os.getpid()}.*pass --out naming the run to resume"):
+      run_folder.prepare(args, held=stack)
+  finally:
+    held.release()
 
 
 @pytest.mark.parametrize("inside", ["checkpoints", "."])
