@@ -424,6 +424,23 @@ def test_microbatches_equal_the_one_batch_step(axis_types):
   _assert_trees_close((params, state), (ref_params, ref_state), rtol=1e-6, atol=1e-7)
 
 
+def test_microbatches_of_a_bfloat16_loss_return_its_float32_mean():
+  """bfloat16 params and batch (a bfloat16 loss): the microbatches' losses are summed and
+  returned in float32 (their mean, by hand), the new params stay bfloat16."""
+  mesh = partitioning.make_mesh({"data": 4, "model": 2})
+  params = jax.tree.map(lambda p: p.astype(jnp.bfloat16), _mlp_params())
+  shardings = jax.tree.map(lambda _: NamedSharding(mesh, P()), params)
+  opt = shardopt.make_sharded_optimizer(shardopt.sgd(0.1), params, shardings,
+                                        shard_state_over="data")
+  batch = jax.tree.map(lambda x: x.astype(jnp.bfloat16), _mlp_batch(0))
+  losses = [_mse(params, _rows(batch, i, 2)) for i in range(2)]
+  assert losses[0].dtype == jnp.bfloat16
+  new_params, _, loss = opt.train_step(_mse, microbatches=2)(params, opt.init(params), batch)
+  assert loss.dtype == jnp.float32
+  np.testing.assert_allclose(loss, (losses[0].astype(np.float32) + losses[1]) / 2, rtol=1e-6)
+  assert {p.dtype for p in jax.tree.leaves(new_params)} == {jnp.dtype(jnp.bfloat16)}
+
+
 def test_microbatches_take_any_integer_type():
   """A NumPy integer is a count of microbatches; a bool, a float or 0 is not."""
   opt, params, state = _sharded(shardopt.adam(1e-2), "auto")

@@ -26,7 +26,8 @@ and the update runs through ``update_in_layout``, like ``opt.update``.
   the ZeRO'd state (the params' update layout; float32 at least, for
   bfloat16 params too); loss and gradients are the
   means over the microbatches (equal to the one-batch step for a loss that
-  is a mean over examples). Every batch leaf of rank >= 1 is split along its
+  is a mean over examples; the loss summed and returned in float32, the
+  gradients returned in their params' dtype). Every batch leaf of rank >= 1 is split along its
   leading dimension: microbatch ``i`` takes rows ``i, i + k, i + 2k, ...``,
   so each stays split over the data axes with no data movement.
 * Batch layout (``_batch``): by default each leaf's leading dimension over
