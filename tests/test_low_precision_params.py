@@ -352,14 +352,48 @@ def test_far_fall_lands_where_apply_updates_puts_it():
 
 
 def test_bad_arguments_say_what_to_do():
-  with pytest.raises(ValueError, match="correction_bits=4"):
-    lpp.low_precision_params(_inner(), correction_bits=4)
+  for bad in (4, 8.0, True, "8"):
+    with pytest.raises(ValueError, match=f"correction_bits={bad!r}"):
+      lpp.low_precision_params(_inner(), correction_bits=bad)
   tx = lpp.low_precision_params(_inner())
   state = tx.init(_tree())
   with pytest.raises(ValueError, match="needs the params"):
     tx.update(_tree(), state)
   with pytest.raises(ValueError, match=r"params\['h'\] is float16; expected bfloat16"):
     tx.init({"h": jnp.ones(3, jnp.float16)})
+
+
+@pytest.mark.parametrize("built, given", [
+    (jnp.bfloat16, jnp.float16), (jnp.float32, jnp.bfloat16), (jnp.bfloat16, jnp.float32)])
+def test_params_of_another_dtype_than_init_saw_are_named(built, given):
+  """update checks what init checks, and a param whose dtype changed since init (a bfloat16
+  param would train with no master, silently): an error naming the param."""
+  tx = lpp.low_precision_params(shardopt.adamw(1e-2))
+  state = tx.init({"w": jnp.ones((4, 4), built)})
+  params = {"w": jnp.ones((4, 4), given)}
+  with pytest.raises(ValueError, match=r"params\['w'\] is "):
+    tx.update(jax.tree.map(lambda p: 1e-3 * p, params), state, params)
+
+
+def test_lbfgs_loop_with_value_and_grad_from_state():
+  """optax's L-BFGS loop (value_and_grad_from_state, then update with value, grad and
+  value_fn) on bfloat16 params: the stored pair (the float32 master's) comes back in the dtypes
+  of the loss and of the params' gradient, close to a fresh evaluation, and the loop trains."""
+  target = jnp.linspace(-1, 1, 64, dtype=jnp.bfloat16).reshape(8, 8)
+  loss = lambda p: jnp.sum((p["w"] - target) ** 2)
+  tx = lpp.low_precision_params(shardopt.lbfgs())
+  params = {"w": jnp.zeros((8, 8), jnp.bfloat16)}
+  state = tx.init(params)
+  value_and_grad = shardopt.value_and_grad_from_state(loss)
+  for _ in range(4):
+    value, grad = value_and_grad(params, state=state)
+    fresh_value, fresh_grad = jax.value_and_grad(loss)(params)
+    assert (value.dtype, grad["w"].dtype) == (jnp.bfloat16, jnp.bfloat16)
+    np.testing.assert_allclose(np.float32(value), np.float32(fresh_value), rtol=2e-2, atol=1e-3)
+    np.testing.assert_allclose(np.float32(grad["w"]), np.float32(fresh_grad["w"]), atol=2e-2)
+    updates, state = tx.update(grad, state, params, value=value, grad=grad, value_fn=loss)
+    params = shardopt.apply_updates(params, updates)
+  assert float(loss(params)) < 1e-3 * float(loss({"w": jnp.zeros((8, 8), jnp.bfloat16)}))
 
 
 # --- sharded: bytes, the sharded step, checkpoints ----------------------------

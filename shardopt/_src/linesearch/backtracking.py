@@ -260,7 +260,10 @@ def value_and_grad_from_state(
   The returned function takes the params, the objective's extra arguments
   and a keyword ``state`` (the optimizer state holding the line search's):
   when the stored value is finite it returns the stored ``(value, grad)``,
-  and evaluates ``value_fn`` otherwise (e.g. at the first step).
+  and evaluates ``value_fn`` otherwise (e.g. at the first step). The stored
+  pair comes back in the dtypes of ``value_fn``'s value and gradient at
+  ``params`` (a line search inside ``low_precision_params`` stores its
+  float32 master's for bfloat16 params).
 
   Args:
     value_fn: the objective, ``value_fn(params, *args, **kwargs)``.
@@ -271,12 +274,11 @@ def value_and_grad_from_state(
 
   def value_and_grad(params, *fn_args, state, **fn_kwargs):
     value = _unique_field(state, "value")
-    grad = _unique_field(state, "grad")
-    return jax.lax.cond(
-        jnp.isfinite(value),
-        lambda *_: (value, grad),
-        lambda p, a, kw: jax.value_and_grad(value_fn)(p, *a, **kw),
-        params, fn_args, fn_kwargs,
-    )
+    fresh = lambda p, a, kw: jax.value_and_grad(value_fn)(p, *a, **kw)
+    like = jax.eval_shape(fresh, params, fn_args, fn_kwargs)
+    stored = jax.tree.map(lambda x, s: x.astype(s.dtype),
+                          (value, _unique_field(state, "grad")), like)
+    return jax.lax.cond(jnp.isfinite(value), lambda *_: stored, fresh,
+                        params, fn_args, fn_kwargs)
 
   return value_and_grad

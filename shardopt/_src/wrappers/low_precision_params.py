@@ -58,6 +58,7 @@ from typing import NamedTuple
 import jax
 from jax import lax
 import jax.numpy as jnp
+import numpy as np
 
 from shardopt._src import base
 from shardopt._src.tree_math import apply_updates
@@ -98,6 +99,24 @@ def _check_dtypes(params) -> None:
           f"low_precision_params: params{jax.tree_util.keystr(path)} is "
           f"{p.dtype}; expected bfloat16 (trained against a float32 master) "
           "or float32 and wider (their own master). Cast it to one of them.")
+
+
+def _check_state_fits(params, correction) -> None:
+  """Raises for a param whose dtype is not the one the state was built for:
+  a bfloat16 param with no correction (a state built on float32 params), or
+  a correction for a param that is no longer bfloat16 (``correction_bits=0``
+  keeps none for any param)."""
+
+  def check(path, p, code):
+    kept = not isinstance(code, MaskedNode)
+    if kept != _is_low_precision(p):
+      built = "bfloat16" if kept else "float32 or wider"
+      raise ValueError(
+          f"low_precision_params: params{jax.tree_util.keystr(path)} is "
+          f"{p.dtype}, but the state was built for a {built} param there. "
+          "Build the state with init on the params you train.")
+
+  jax.tree_util.tree_map_with_path(check, params, correction)
 
 
 def _power_of_two(k):
@@ -207,10 +226,12 @@ def low_precision_params(
     Blalock, "FlashOptim: Optimizers for Memory Efficient Training", 2026
     (https://arxiv.org/abs/2602.23349).
   """
-  if correction_bits not in (0, 8, 16):
+  if (isinstance(correction_bits, bool) or
+      not isinstance(correction_bits, (int, np.integer)) or
+      correction_bits not in (0, 8, 16)):
     raise ValueError(f"low_precision_params: correction_bits={correction_bits!r};"
                      " expected 8, 16 or 0 (no correction).")
-  bits = correction_bits
+  bits = int(correction_bits)
   inner = base.with_extra_args_support(inner)
 
   def init_fn(params):
@@ -225,6 +246,9 @@ def low_precision_params(
     if params is None:
       raise ValueError("low_precision_params: update needs the params (the "
                        "master weight is param + correction).")
+    _check_dtypes(params)
+    if bits:
+      _check_state_fits(params, state.correction)
     masters = jax.tree.map(lambda p, c: _master(p, c, bits), params,
                            state.correction)
     grads = jax.tree.map(
