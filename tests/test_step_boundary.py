@@ -36,6 +36,24 @@ def test_grads_of_another_dtype_are_rejected_naming_the_param(dtype):
   assert not params["w"].is_deleted()  # refused before anything ran
 
 
+@pytest.mark.parametrize("grad_dtype, why", [
+    (jnp.int32, "an integer or boolean gradient is not a gradient"),
+    (jnp.float16, "float16 and bfloat16 differ in range and precision"),
+    (jnp.float8_e4m3fn, "a lower-precision one would silently lose precision"),
+    (jnp.float32, "the step keeps the params' dtypes in the state and the updates")])
+def test_the_reason_a_grad_dtype_is_refused_fits_it(grad_dtype, why):
+  """bfloat16 params: an integer, a narrower, another 16-bit and a wider gradient each get
+  their own reason."""
+  mesh = partitioning.make_mesh({"data": 2, "model": 4})
+  params = {"w": jnp.ones((8, 16), jnp.bfloat16)}
+  shardings = partitioning.named_shardings(mesh, {"w": P(None, "model")})
+  opt = shardopt.make_sharded_optimizer(shardopt.sgd(0.1), params, shardings)
+  params = jax.device_put(params, shardings)
+  with pytest.raises(TypeError, match=rf"grads\['w'\] is {jnp.dtype(grad_dtype)} but params"
+                     rf"\['w'\] is bfloat16: .*\({why}"):
+    opt.update({"w": jnp.ones((8, 16), grad_dtype)}, opt.init(params), params)
+
+
 def test_wrong_shape_names_the_param():
   opt, params, state = _setup()
   grads = {"w": jnp.ones((8, 16)), "b": jnp.ones((8,))}

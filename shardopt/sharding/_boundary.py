@@ -28,6 +28,7 @@ from typing import NoReturn
 import jax
 from jax.tree_util import keystr
 from jax.tree_util import tree_flatten_with_path
+import jax.numpy as jnp
 import numpy as np
 
 from shardopt.sharding._specs import entry_size
@@ -70,9 +71,23 @@ def check_grads(grads, params) -> None:
     if grad.dtype != param.dtype:
       raise TypeError(
           f"grads{where} is {grad.dtype} but params{where} is {param.dtype}: "
-          "gradients must have their param's dtype (an integer gradient is "
-          "not a gradient; a lower-precision one would silently lose "
-          f"precision in the update). Cast it, e.g. g.astype({param.dtype}).")
+          f"gradients must have their param's dtype ({_why_same_dtype(grad, param)})."
+          f" Cast it, e.g. g.astype({param.dtype}).")
+
+
+def _why_same_dtype(grad, param) -> str:
+  """Why a gradient of ``grad``'s dtype is refused for ``param``."""
+  if not jnp.issubdtype(grad.dtype, jnp.inexact):
+    return "an integer or boolean gradient is not a gradient"
+  if not jnp.issubdtype(param.dtype, jnp.inexact):
+    return "the step takes no gradient of another dtype for a param that is not floating"
+  grad_bits, param_bits = jnp.finfo(grad.dtype).bits, jnp.finfo(param.dtype).bits
+  if grad_bits < param_bits:
+    return "a lower-precision one would silently lose precision in the update"
+  if grad_bits == param_bits:
+    return f"{grad.dtype} and {param.dtype} differ in range and precision"
+  return ("the step keeps the params' dtypes in the state and the updates; "
+          "low_precision_params computes bfloat16 params' updates in float32 itself")
 
 
 def _node(tree):
