@@ -573,6 +573,24 @@ def test_metrics_global_norms_by_hand():
   assert all(v.sharding.is_fully_replicated for v in norms.values())
 
 
+def test_metrics_global_norms_of_bfloat16_params_sum_in_float32():
+  """bfloat16 params and gradients: each norm within float32 rounding of the float64 norm of
+  the same bfloat16 values (summed in bfloat16 the param norm is off by up to 0.125)."""
+  mesh = partitioning.make_mesh({"data": 4, "model": 2})
+  params = {"w": jnp.full((64, 64), 0.7, jnp.bfloat16) + jnp.linspace(0, 1e-2, 64 * 64,
+                                                                      dtype=jnp.bfloat16).reshape(64, 64)}
+  shardings = jax.tree.map(lambda _: NamedSharding(mesh, P()), params)
+  opt = shardopt.make_sharded_optimizer(shardopt.sgd(0.1), params, shardings)
+  loss = lambda p, batch: jnp.sum(p["w"] * batch)
+  batch = jnp.full((64, 64), 0.3, jnp.bfloat16)
+  new, _, _, norms = opt.train_step(loss, metrics=shardopt.sharding.global_norms)(
+      params, opt.init(params), batch)
+  norm = lambda x: np.sqrt(np.sum(np.float64(x) ** 2))
+  np.testing.assert_allclose(norms["param_norm"], norm(new["w"]), rtol=1e-6)
+  np.testing.assert_allclose(norms["grad_norm"], norm(batch), rtol=1e-6)
+  assert {v.dtype for v in norms.values()} == {jnp.dtype(jnp.float32)}
+
+
 def _probe():
   """No update; its state records ``value`` and ``value_fn(params)``."""
   def update(updates, state, params=None, *, value, value_fn, **extra):
