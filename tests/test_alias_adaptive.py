@@ -1,5 +1,7 @@
 """The catalogue's remaining aliases against optax (20 steps, mixed tree)."""
 
+import inspect
+
 import jax
 import optax
 import pytest
@@ -42,8 +44,14 @@ CASES = [
                   mask=_matrices), True),
     ("nadam", dict(learning_rate=0.01), False),
     ("nadam", dict(learning_rate=_decay, b1=0.8, eps_root=1e-8), False),
+    ("nadam", dict(learning_rate=0.01, b1=0.8, nesterov=False), False),
+    ("nadam", dict(learning_rate=0.01, b1=0.8, nesterov=True), False),
     ("nadamw", dict(learning_rate=0.01), True),
     ("nadamw", dict(learning_rate=0.01, weight_decay=0.1, mask=_matrices),
+     True),
+    ("nadamw", dict(learning_rate=0.01, weight_decay=0.1, nesterov=False),
+     True),
+    ("nadamw", dict(learning_rate=0.01, weight_decay=0.1, nesterov=True),
      True),
     ("novograd", dict(learning_rate=0.01), True),
     ("novograd", dict(learning_rate=_decay, b1=0.8, b2=0.5, weight_decay=0.01),
@@ -90,3 +98,12 @@ def test_lbfgs_matches_optax(kwargs):
   ours, theirs = run(shardopt.lbfgs(**kwargs)), run(optax.lbfgs(**kwargs))
   assert_runs_match(ours, theirs)
   assert float(ours[-1][0]) < float(ours[0][0])
+
+
+@pytest.mark.parametrize("name", ["nadam", "nadamw"])
+def test_nadam_signature_matches_optax(name):
+  # ``nesterov`` is keyword-only in optax; names, kinds and defaults agree.
+  def shape(fn):
+    return [(p.name, p.kind, p.default)
+            for p in inspect.signature(fn).parameters.values()]
+  assert shape(getattr(shardopt, name)) == shape(getattr(optax, name))

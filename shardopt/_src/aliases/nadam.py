@@ -25,6 +25,8 @@ def nadam(
     eps: jax.typing.ArrayLike = 1e-8,
     eps_root: jax.typing.ArrayLike = 0.0,
     mu_dtype: Any | None = None,
+    *,
+    nesterov: bool = True,
 ) -> base.GradientTransformationExtraArgs:
   """NAdam: Adam with Nesterov momentum.
 
@@ -40,17 +42,19 @@ def nadam(
     eps_root: added to the second moment inside the root (default 0.0).
     mu_dtype: dtype of the first moment; ``None`` (default) uses the
       params' dtype.
+    nesterov: keyword-only; ``True`` (default) takes the look-ahead,
+      ``False`` gives plain ``adam``.
 
   Returns:
-    A ``GradientTransformationExtraArgs``: ``scale_by_adam`` with
-    ``nesterov=True`` then ``scale_by_learning_rate``.
+    A ``GradientTransformationExtraArgs``: ``scale_by_adam`` (with
+    ``nesterov``) then ``scale_by_learning_rate``.
 
   References:
     Dozat, "Incorporating Nesterov Momentum into Adam", ICLR workshop 2016
     (https://openreview.net/forum?id=OM0jvwB8jIp57ZJjtNEZ).
   """
   return adam(learning_rate, b1=b1, b2=b2, eps=eps, eps_root=eps_root,
-              mu_dtype=mu_dtype, nesterov=True)
+              mu_dtype=mu_dtype, nesterov=nesterov)
 
 
 def nadamw(
@@ -62,6 +66,8 @@ def nadamw(
     mu_dtype: Any | None = None,
     weight_decay: base.ScalarOrSchedule = 1e-4,
     mask: base.MaskOrFn = None,
+    *,
+    nesterov: bool = True,
 ) -> base.GradientTransformationExtraArgs:
   """NAdamW: NAdam with decoupled weight decay (``adamw(...,
   nesterov=True)``).
@@ -77,10 +83,12 @@ def nadamw(
     weight_decay: a scalar or schedule, the decay rate (default 1e-4).
     mask: which params decay (a tree of bools or a function of the
       params); ``None`` (default) decays all.
+    nesterov: keyword-only; ``True`` (default) takes the look-ahead,
+      ``False`` gives plain ``adamw``.
 
   Returns:
-    A ``GradientTransformationExtraArgs``: ``scale_by_adam`` with
-    ``nesterov=True``, ``add_decayed_weights``, ``scale_by_learning_rate``.
+    A ``GradientTransformationExtraArgs``: ``scale_by_adam`` (with
+    ``nesterov``), ``add_decayed_weights``, ``scale_by_learning_rate``.
 
   References:
     Dozat, "Incorporating Nesterov Momentum into Adam", ICLR workshop 2016
@@ -90,4 +98,4 @@ def nadamw(
   """
   return adamw(learning_rate, b1=b1, b2=b2, eps=eps, eps_root=eps_root,
                mu_dtype=mu_dtype, weight_decay=weight_decay, mask=mask,
-               nesterov=True)
+               nesterov=nesterov)
