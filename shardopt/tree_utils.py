@@ -3,7 +3,14 @@
 The same functions as ``shardopt.tree`` (whose short names follow
 ``optax.tree``); ``tree_vdot`` here is optax's (complex for complex leaves),
 ``shardopt.tree.tree_vdot`` its real part.
+
+optax 0.2.8's deprecated names (``tree_l1_norm``, ``tree_l2_norm``,
+``tree_linf_norm``, ``tree_scalar_mul``, ``tree_add_scalar_mul``) are served
+as optax serves them: on access, after a ``DeprecationWarning``.
 """
+
+import functools
+import warnings
 
 from shardopt._src.tree_dtypes_random import tree_dtype
 from shardopt._src.tree_dtypes_random import tree_random_like
@@ -52,3 +59,24 @@ __all__ = [
     "tree_update_infinity_moment", "tree_update_moment", "tree_update_moment_per_elem_norm",
     "tree_vdot", "tree_where", "tree_zeros_like",
 ]
+
+# Deprecated name -> (its replacement, as the warning names it; the function).
+_DEPRECATED = {
+    "tree_l1_norm": ("tree_norm(..., ord=1)", functools.partial(tree_norm, ord=1)),
+    "tree_l2_norm": ("tree_norm", functools.partial(tree_norm, ord=2)),
+    "tree_linf_norm": ("tree_norm(..., ord=jnp.inf)",
+                       functools.partial(tree_norm, ord="inf")),
+    "tree_scalar_mul": ("tree_scale", tree_scale),
+    "tree_add_scalar_mul": ("tree_add_scale", tree_add_scale),
+}
+
+
+def __getattr__(name):
+  """Serves a deprecated name after a ``DeprecationWarning``."""
+  if name not in _DEPRECATED:
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+  replacement, fn = _DEPRECATED[name]
+  warnings.warn(f"shardopt.tree_utils.{name} is deprecated (as in optax "
+                f"0.2.8): use shardopt.tree_utils.{replacement}.",
+                DeprecationWarning, stacklevel=2)
+  return fn

@@ -2,6 +2,10 @@
 (optax.tree_utils's) against optax: numbers, dtypes, random trees, lookups
 by key in optimizer states, and the reductions on sharded trees."""
 
+import inspect
+import types
+import warnings
+
 import jax
 import jax.numpy as jnp
 from jax.sharding import AxisType
@@ -189,3 +193,62 @@ def test_shardopt_tree_keeps_its_names():
                "tree_zeros_like", "tree_map_params", "apply_updates",
                "bias_correction", "global_norm", "update_moment"):
     assert callable(getattr(shardopt.tree, name)), name
+
+
+def _optax_functions():
+  """(namespace, name) of every public function and class of optax.tree and
+  optax.tree_utils."""
+  return [(ns, n) for ns in ("tree", "tree_utils")
+          for n in dir(getattr(optax, ns))
+          if not n.startswith("_")
+          and callable(getattr(getattr(optax, ns), n))
+          and not isinstance(getattr(getattr(optax, ns), n), types.ModuleType)]
+
+
+def _signature(fn):
+  return [(p.name, p.kind, p.default)
+          for p in inspect.signature(fn).parameters.values()]
+
+
+@pytest.mark.parametrize("namespace,name", _optax_functions())
+def test_signature_matches_optax(namespace, name):
+  # Names, kinds (keyword-only, *args) and defaults, so keyword calls that
+  # work on optax's work on ours.
+  assert _signature(getattr(getattr(shardopt, namespace), name)) == \
+      _signature(getattr(getattr(optax, namespace), name))
+
+
+@pytest.mark.parametrize("name,kwargs", [
+    ("add", dict(tree_x=_X, tree_y=_Y)), ("sub", dict(tree_x=_X, tree_y=_Y)),
+    ("mul", dict(tree_x=_X, tree_y=_Y)),
+    ("div", dict(tree_x=_X, tree_y=_POSITIVE)),
+    ("vdot", dict(tree_x=_Z, tree_y=_Y)),
+    ("add_scale", dict(tree_x=_X, scalar=0.3, tree_y=_Y)),
+    ("cast_like", dict(tree=_X, other_tree=tree.cast(_Y, jnp.bfloat16))),
+    ("where", dict(condition=jnp.asarray(True), tree_x=_X, tree_y=_Y)),
+])
+def test_keyword_calls_match_optax(name, kwargs):
+  _assert_same(getattr(tree_utils, f"tree_{name}")(**kwargs),
+               getattr(optax.tree_utils, f"tree_{name}")(**kwargs))
+  _assert_same(getattr(tree, name)(**kwargs), getattr(optax.tree, name)(**kwargs))
+
+
+@pytest.mark.parametrize("name,args", [
+    ("tree_l1_norm", (_Z,)), ("tree_l2_norm", (_Z,)), ("tree_linf_norm", (_Z,)),
+    ("tree_scalar_mul", (0.3, _X)), ("tree_add_scalar_mul", (_X, 0.3, _Y)),
+])
+def test_deprecated_names_warn_and_match_optax(name, args):
+  with pytest.warns(DeprecationWarning, match=f"tree_utils.{name} is deprecated"):
+    ours = getattr(tree_utils, name)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    theirs = getattr(optax.tree_utils, name)
+  assert _signature(ours) == _signature(theirs)
+  _assert_same(ours(*args), theirs(*args))
+  if "norm" in name:
+    _assert_same(ours(*args, squared=True), theirs(*args, squared=True))
+
+
+def test_an_unknown_name_is_still_an_attribute_error():
+  with pytest.raises(AttributeError, match="tree_l3_norm"):
+    tree_utils.tree_l3_norm  # pylint: disable=pointless-statement

@@ -75,32 +75,33 @@ def tree_cast(tree: Any, dtype) -> Any:
   return jax.tree.map(lambda x: x.astype(dtype), tree)
 
 
-def tree_cast_like(tree: Any, like: Any) -> Any:
-  """Casts each leaf of ``tree`` to the dtype of the matching leaf of ``like``
-  (leaves of ``like`` without a dtype leave theirs unchanged)."""
+def tree_cast_like(tree: Any, other_tree: Any) -> Any:
+  """Casts each leaf of ``tree`` to the dtype of the matching leaf of
+  ``other_tree`` (leaves there without a dtype leave theirs unchanged)."""
   return jax.tree.map(
       lambda x, y: jnp.asarray(x).astype(y.dtype) if hasattr(y, "dtype") else x,
-      tree, like)
+      tree, other_tree)
 
 
-def tree_add(x: Any, y: Any, *others: Any) -> Any:
+def tree_add(tree_x: Any, tree_y: Any, *other_trees: Any) -> Any:
   """Leafwise sum of two or more trees of one structure."""
-  return jax.tree.map(lambda *leaves: sum(leaves[1:], leaves[0]), x, y, *others)
+  return jax.tree.map(lambda *leaves: sum(leaves[1:], leaves[0]),
+                      tree_x, tree_y, *other_trees)
 
 
-def tree_sub(x: Any, y: Any) -> Any:
-  """Leafwise ``x - y``."""
-  return jax.tree.map(lambda a, b: a - b, x, y)
+def tree_sub(tree_x: Any, tree_y: Any) -> Any:
+  """Leafwise ``tree_x - tree_y``."""
+  return jax.tree.map(lambda a, b: a - b, tree_x, tree_y)
 
 
-def tree_mul(x: Any, y: Any) -> Any:
-  """Leafwise ``x * y``."""
-  return jax.tree.map(lambda a, b: a * b, x, y)
+def tree_mul(tree_x: Any, tree_y: Any) -> Any:
+  """Leafwise ``tree_x * tree_y``."""
+  return jax.tree.map(lambda a, b: a * b, tree_x, tree_y)
 
 
-def tree_div(x: Any, y: Any) -> Any:
-  """Leafwise ``x / y``."""
-  return jax.tree.map(lambda a, b: a / b, x, y)
+def tree_div(tree_x: Any, tree_y: Any) -> Any:
+  """Leafwise ``tree_x / tree_y``."""
+  return jax.tree.map(lambda a, b: a / b, tree_x, tree_y)
 
 
 def tree_scale(scalar, tree: Any) -> Any:
@@ -108,11 +109,12 @@ def tree_scale(scalar, tree: Any) -> Any:
   return jax.tree.map(lambda x: scalar * x, tree)
 
 
-def tree_add_scale(x: Any, scalar, y: Any) -> Any:
-  """``x + scalar * y`` leafwise (None leaves of ``x`` kept)."""
+def tree_add_scale(tree_x: Any, scalar, tree_y: Any) -> Any:
+  """``tree_x + scalar * tree_y`` leafwise (None leaves of ``tree_x``
+  kept)."""
   scalar = jnp.asarray(scalar)
   return jax.tree.map(lambda a, b: None if a is None else a + scalar * b,
-                      x, y, is_leaf=_is_none)
+                      tree_x, tree_y, is_leaf=_is_none)
 
 
 def tree_conj(tree: Any) -> Any:
@@ -149,23 +151,23 @@ def _leaf_vdot(a, b) -> jax.Array:
                        precision=jax.lax.Precision.HIGHEST)
 
 
-def tree_inner_product(x: Any, y: Any) -> jax.Array:
+def tree_inner_product(tree_x: Any, tree_y: Any) -> jax.Array:
   """Sum over leaves of <x, y> = sum(conj(x) * y): complex for complex
   leaves, in the leaves' dtype (optax's ``tree.vdot``), on any mesh."""
-  dots = jax.tree.map(_leaf_vdot, x, y)
+  dots = jax.tree.map(_leaf_vdot, tree_x, tree_y)
   return functools.reduce(operator.add, jax.tree.leaves(dots), 0)
 
 
-def tree_vdot(x: Any, y: Any) -> jax.Array:
+def tree_vdot(tree_x: Any, tree_y: Any) -> jax.Array:
   """Sum over leaves of Re <x, y> (a replicated float32-or-wider scalar), on
   any mesh: the real inner product that line searches and L-BFGS need."""
-  dots = jax.tree.map(lambda a, b: _leaf_vdot(a, b).real, x, y)
+  dots = jax.tree.map(lambda a, b: _leaf_vdot(a, b).real, tree_x, tree_y)
   return sum(jax.tree.leaves(dots), jnp.zeros([], jnp.float32))
 
 
-def tree_where(condition, x: Any, y: Any) -> Any:
-  """Leafwise ``jnp.where(condition, x, y)``."""
-  return jax.tree.map(lambda a, b: jnp.where(condition, a, b), x, y)
+def tree_where(condition, tree_x: Any, tree_y: Any) -> Any:
+  """Leafwise ``jnp.where(condition, tree_x, tree_y)``."""
+  return jax.tree.map(lambda a, b: jnp.where(condition, a, b), tree_x, tree_y)
 
 
 def global_norm(updates: Any) -> jax.Array:
