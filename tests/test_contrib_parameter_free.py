@@ -46,6 +46,10 @@ CASES = [
                    "adapt_lower_bound": True, "lower_bound": 0.1}, _VALUE),
     ("prodigy", {"safeguard_warmup": True, "beta3": 0.9,
                  "estim_lr_coef": 2.0}, None),
+    # eps is scaled by the estimate updated in this step.
+    ("prodigy", {"eps": 1e-2}, None),
+    ("prodigy", {"learning_rate": lambda c: jnp.minimum(0.1 + 0.3 * c, 1.0),
+                 "eps": 1e-3, "estim_lr0": 1e-4}, None),
 ]
 
 
@@ -91,6 +95,19 @@ def test_learning_rate_estimates_over_20_steps(name):
   np.testing.assert_allclose(ours, want, rtol=1e-5)
   assert np.all(np.diff(ours) >= 0), "the estimate never decreases"
   assert ours[-1] > 100 * 1e-6, f"it grew from estim_lr0=1e-6: {ours}"
+
+
+def test_prodigy_warmup_from_zero_gives_optax_first_step():
+  # A schedule at 0 makes the first estimate 0 / 0: nan, as in optax.
+  schedule = lambda c: jnp.minimum(0.25 * c, 1.0)
+  params = oracle.mixed_tree()
+  got = oracle.run_updates(contrib.prodigy(schedule, eps=1e-2), params, 3,
+                           with_params=True, jit=True)
+  want = oracle.run_updates(optax.contrib.prodigy(schedule, eps=1e-2), params,
+                            3, with_params=True, jit=True)
+  assert all(np.isnan(leaf).all() for leaf in jax.tree.leaves(want[0]))
+  for g, w in zip(got, want):
+    oracle.assert_trees_close(g, w)
 
 
 def test_momo_without_value_says_what_to_pass():

@@ -50,7 +50,8 @@ def prodigy(
       paper).
     betas: Adam's ``(b1, b2)``.
     beta3: decay of the estimate's sums (None: ``sqrt(b2)``).
-    eps: added to the denominator's root (scaled by ``d``).
+    eps: added to the denominator's root, scaled by this step's updated
+      ``d``.
     estim_lr0: the initial ``d``.
     estim_lr_coef: multiplies each new estimate.
     weight_decay: decoupled weight decay, scaled by the step size.
@@ -103,7 +104,8 @@ def prodigy(
     estim_lr = jnp.maximum(d, estim_lr_coef * numerator / denominator)
     new_updates = jax.tree.map(
         lambda m, v, p: -weight_decay * step_size * p
-        - step_size * m / (jnp.sqrt(v) + d * eps), exp_avg, exp_avg_sq, params)
+        - step_size * m / (jnp.sqrt(v) + estim_lr * eps), exp_avg, exp_avg_sq,
+        params)
     return new_updates, ProdigyState(exp_avg, exp_avg_sq, grad_sum,
                                      state.params0, estim_lr, numerator, count)
 
