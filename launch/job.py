@@ -23,6 +23,7 @@ complete checkpoint (``cli.StorageError``).
 
 import argparse
 import contextlib
+import dataclasses
 import pathlib
 import os
 import shutil
@@ -110,6 +111,17 @@ def _planned_step(args, model, abstract):
                              update_arguments(args.optimizer))
   steps.trace(step_fn, abstract, abstract_state, (args.batch, args.seq_len))
   return opt, abstract_state, step_fn
+
+
+def _counted_step(args, opt, model):
+  """The step whose lowering the FLOPs are counted from (``throughput.compile_step``): with
+  --scan-layers the same step with the layers written out (XLA counts a loop's body once);
+  otherwise None, the step itself."""
+  if not args.scan_layers:
+    return None
+  unrolled = Transformer(dataclasses.replace(model.cfg, unroll_scan=True))
+  return steps.train_step(opt, lambda p, tokens: next_token_loss(unrolled, p, tokens),
+                          update_arguments(args.optimizer))
 
 
 def _init_params(args, model, key):
@@ -222,21 +234,25 @@ def _due(every: int, step: int, last: int) -> bool:
   return bool(every) and (step % every == 0 or step == last)
 
 
-def _train(args, mesh, step_fn, evaluation, initial, manager, guard, config, stop, train_bytes):
+def _train(args, mesh, step_fn, evaluation, initial, manager, guard, config, stop, train_bytes,
+           counted):
   """Trains from ``initial`` (params, optimizer state, step) with ``step_fn`` (the traced
   ``steps.train_step``) on batches of ``train_bytes`` (the corpus's training slice) to --steps
-  or a stop signal (``stop``); returns (the last step, the signal that stopped it or None)."""
+  or a stop signal (``stop``); returns (the last step, the signal that stopped it or None).
+  ``counted``: the step its FLOPs are counted from (``_counted_step``)."""
   params, opt_state, start = initial
   meta = {"seed": args.seed, "optimizer": args.optimizer, "mesh": dict(mesh.shape),
           "config": config}
   out, is_main = pathlib.Path(args.out), jax.process_index() == 0
   batch = lambda step: data.sharded_batch(train_bytes, args.seed, step, args.batch,
                                           args.seq_len, mesh)
-  train_step, flops = throughput.compile_step(step_fn, params, opt_state, batch(start))
+  train_step, flops = throughput.compile_step(step_fn, params, opt_state, batch(start),
+                                              counted=counted)
   peak = throughput.peak_flops(args.peak_tflops)
+  unrolled = ", its layers' scan written out" if counted is not None else ""
   _say(evaluation.describe(args),
-       f"FLOPs per step: {flops / 1e9:.3g} GFLOP (XLA's cost analysis of the compiled step,"
-       f" {jax.device_count()} devices); MFU against a peak of {peak.source}" if flops else
+       f"FLOPs per step: {flops / 1e9:.3g} GFLOP (XLA's cost analysis of the step lowered for"
+       f" the whole mesh{unrolled}); MFU against a peak of {peak.source}" if flops else
        "FLOPs per step: not reported by XLA (no MFU)",
        *memory.describe(params, opt_state, train_step), "")
   for name in ("metrics.jsonl", "samples.jsonl"):
@@ -402,7 +418,8 @@ def _restore_and_train(args, mesh, model, opt, step_fn, abstract, abstract_state
       manager = _open_manager(args)
     guard.resume_from(opt_state)
     step, stopped = _train(args, mesh, step_fn, evaluation, (params, opt_state, start),
-                           manager, guard, config, stop, train_bytes)
+                           manager, guard, config, stop, train_bytes,
+                           _counted_step(args, opt, model))
   finally:
     manager.close()
   return step, start, stopped

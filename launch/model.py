@@ -46,6 +46,7 @@ class ModelConfig:
   mlp: int = 256
   layers: int = 2
   scan_layers: bool = False
+  unroll_scan: bool = False  # scan_layers written out layer by layer (for FLOP counts)
 
 
 def _sinusoids(length: int, width: int) -> jax.Array:
@@ -119,7 +120,8 @@ class Transformer(nn.Module):
     x = x + _sinusoids(tokens.shape[1], cfg.d_model)[None].astype(x.dtype)
     if cfg.scan_layers:
       stack = nn.scan(Block, variable_axes={"params": 0},
-                      split_rngs={"params": True}, length=cfg.layers)
+                      split_rngs={"params": True}, length=cfg.layers,
+                      unroll=cfg.layers if cfg.unroll_scan else 1)
       x, _ = stack(cfg, scanned=True, name="layers")(x, None)
     else:
       for i in range(cfg.layers):

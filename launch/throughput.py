@@ -1,8 +1,11 @@
 """Step time, tokens/s and model FLOPs utilisation (MFU) of the training step.
 
-FLOPs per step are XLA's cost analysis of the compiled step (the program of
-one device; times the device count for the whole mesh). MFU is those FLOPs
-per second of step time over the mesh's peak:
+FLOPs per step are XLA's cost analysis of the step as lowered, before it is
+partitioned: the whole mesh's computation, each FLOP counted once (a
+compiled device program also counts what devices repeat on replicated
+values). XLA counts a loop's body once, so a model whose layers run under a
+scan is counted from a lowering with its layers written out (``counted``).
+MFU is those FLOPs per second of step time over the mesh's peak:
 
 - on accelerators, the vendor's dense bfloat16 peak per device (``PEAKS``,
   matched on ``device_kind``) times the device count, or ``--peak-tflops``
@@ -39,13 +42,15 @@ class Peak:
   source: str  # how it was obtained, for the header
 
 
-def compile_step(step, *args):
-  """(the compiled step, FLOPs of one step over the whole mesh or None)."""
-  compiled = step.lower(*args).compile()
-  analysis = compiled.cost_analysis()
+def compile_step(step, *args, counted=None):
+  """(the compiled step, FLOPs of one step over the whole mesh or None): the
+  FLOPs of ``counted`` (default ``step``), a step of the same computation
+  with no loop to count once, lowered on the same arguments."""
+  lowered = step.lower(*args)
+  analysis = (lowered if counted is None else counted.lower(*args)).cost_analysis()
   analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
   flops = (analysis or {}).get("flops")
-  return compiled, (float(flops) * jax.device_count() if flops else None)
+  return lowered.compile(), (float(flops) if flops else None)
 
 
 def _cpu_matmul_rate(size: int = 1024, repeats: int = 5) -> float:
