@@ -30,6 +30,7 @@ _VARIANTS = [
      "consistent_rms": 0.2, "weight_decay": 0.1},
     {"preconditioning": "spectral", "adam_learning_rate": 0.01,
      "adam_weight_decay": 0.1, "mu_dtype": jnp.bfloat16},
+    {"ns_steps": 0},  # no iteration: the preconditioned momentum
 ]
 
 
@@ -37,6 +38,64 @@ _VARIANTS = [
 def test_muon_matches_optax(kwargs):
   oracle.assert_matches_optax(shardopt.contrib.muon(0.1, **kwargs),
                               optax.contrib.muon(0.1, **kwargs), steps=8)
+
+
+@pytest.mark.parametrize("jit", [True, False], ids=["jit", "eager"])
+@pytest.mark.parametrize("kwargs", [
+    {}, {"ns_steps": 3, "preconditioning": "aol"},
+    {"ns_steps": 2, "preconditioning": "schatten"}, {"ns_steps": 0},
+    {"ns_coeffs": "dion"},
+], ids=str)
+def test_injected_muon_matches_optax(kwargs, jit):
+  # Injected, ns_steps is a traced hyperparameter under jit.
+  if jit and "ns_coeffs" in kwargs:  # (k, 3) rows are cut to ns_steps in init
+    pytest.skip("per-step coefficients need a concrete ns_steps (in optax too)")
+  oracle.assert_matches_optax(
+      shardopt.inject_hyperparams(shardopt.contrib.muon)(0.1, **kwargs),
+      optax.inject_hyperparams(optax.contrib.muon)(0.1, **kwargs),
+      steps=6, jit=jit)
+
+
+def test_injected_ns_steps_can_change_between_steps():
+  # One compiled update; the count is read from the state at each call.
+  params = {"w": jax.random.normal(jax.random.PRNGKey(0), (4, 6))}
+  got, want = [], []
+  for lib, found in ((shardopt, got), (optax, want)):
+    tx = lib.inject_hyperparams(lib.contrib.muon)(0.1)
+    update, state = jax.jit(tx.update), tx.init(params)
+    for n in (5, 1, 3):
+      state.hyperparams["ns_steps"] = jnp.asarray(n)
+      updates, state = update(params, state, params)
+      found.append(updates)
+  for g, w in zip(got, want):
+    oracle.assert_trees_close(g, w)
+  assert not np.allclose(got[0]["w"], got[1]["w"])
+
+
+def test_none_leaves_pass_through_as_in_optax():
+  params = {"w": jnp.arange(6.0).reshape(3, 2) / 10, "b": jnp.ones(3),
+            "frozen": None}
+  grads = {"w": jnp.ones((3, 2)), "b": jnp.full(3, 0.5), "frozen": None}
+  ours, theirs = shardopt.contrib.muon(0.1), optax.contrib.muon(0.1)
+  ours_state, theirs_state = ours.init(params), theirs.init(params)
+  for _ in range(2):
+    got, ours_state = jax.jit(ours.update)(grads, ours_state, params)
+    want, theirs_state = jax.jit(theirs.update)(grads, theirs_state, params)
+    assert got["frozen"] is None
+    oracle.assert_trees_close(got, want)
+
+
+def test_scale_by_muon_keeps_none_leaves():
+  # optax's scale_by_muon rejects them; ours gives optax's update of the rest.
+  grads = {"w": jnp.arange(6.0).reshape(3, 2) / 10}
+  ours = shardopt.contrib.scale_by_muon()
+  got, _ = ours.update({**grads, "frozen": None},
+                       ours.init({**grads, "frozen": None}))
+  theirs = optax.contrib.scale_by_muon(
+      weight_dimension_numbers={"w": optax.contrib.MuonDimensionNumbers()})
+  want, _ = theirs.update(grads, theirs.init(grads))
+  assert got["frozen"] is None
+  oracle.assert_trees_close({"w": got["w"]}, want)
 
 
 def _dims_for(lib):

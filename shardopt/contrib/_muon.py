@@ -56,7 +56,8 @@ def _dims_per_leaf(spec: WeightDimNumOrFn | None, tree) -> Any:
 
 
 def _map_with_dims(fn, tree, dims):
-  return jax.tree.map(lambda d, x: fn(x, d), dims, tree,
+  """``fn(leaf, dims)`` for every leaf of ``tree``; None leaves stay None."""
+  return jax.tree.map(lambda d, x: None if x is None else fn(x, d), dims, tree,
                       is_leaf=_is_spec_leaf)
 
 

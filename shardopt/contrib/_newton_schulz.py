@@ -114,16 +114,41 @@ def _precondition(x, preconditioning, eps, mesh):
 # differently from a compiled loop (optax's, eager or not).
 @functools.partial(jax.jit, inline=True,
                    static_argnames=("ns_steps", "preconditioning", "mesh"))
-def _iterate(x, coeffs, eps, *, ns_steps, preconditioning, mesh):
-  """The Newton-Schulz iterations, one per coefficient row (or ``ns_steps``
-  of (3,) coefficients)."""
+def _iterate_unrolled(x, coeffs, eps, *, ns_steps, preconditioning, mesh):
+  """The iterations unrolled: one per row of (k, 3) coefficients, or
+  ``ns_steps`` (an int) of (3,) ones."""
   gram_fn = _gram_fn(mesh)
-  per_step = ([coeffs] * ns_steps if coeffs.ndim == 1
-              else [coeffs[i] for i in range(coeffs.shape[0])])
+  per_step = [coeffs] * ns_steps if coeffs.ndim == 1 else list(coeffs)
+  if not per_step:
+    return x
   x = _FIRST_STEPS[preconditioning](x, per_step[0], eps, gram_fn)
   for step_coeffs in per_step[1:]:
     x = _quintic_step(x, step_coeffs, gram_fn(x))
   return x
+
+
+@functools.partial(jax.jit, inline=True,
+                   static_argnames=("preconditioning", "mesh"))
+def _iterate_looped(x, coeffs, eps, ns_steps, *, preconditioning, mesh):
+  """``ns_steps`` (a traced count, e.g. an injected hyperparameter)
+  iterations of (3,) coefficients: the first, then a loop over the rest."""
+  gram_fn = _gram_fn(mesh)
+  x = jax.lax.cond(
+      ns_steps > 0,
+      lambda y: _FIRST_STEPS[preconditioning](y, coeffs, eps, gram_fn),
+      lambda y: y, x)
+  return jax.lax.fori_loop(
+      1, ns_steps, lambda _, y: _quintic_step(y, coeffs, gram_fn(y)), x)
+
+
+def _iterate(x, coeffs, eps, ns_steps, preconditioning, mesh):
+  """Unrolled unless ``ns_steps`` is traced and counts (3,) coefficients."""
+  if coeffs.ndim == 1 and isinstance(ns_steps, jax.core.Tracer):
+    return _iterate_looped(x, coeffs, eps, ns_steps,
+                           preconditioning=preconditioning, mesh=mesh)
+  return _iterate_unrolled(
+      x, coeffs, eps, ns_steps=int(ns_steps) if coeffs.ndim == 1 else None,
+      preconditioning=preconditioning, mesh=mesh)
 
 
 def _orthogonalize_matrix(x, coeffs, ns_steps, preconditioning, eps):
@@ -141,8 +166,7 @@ def _orthogonalize_matrix(x, coeffs, ns_steps, preconditioning, eps):
   if layout is not None:
     x = jax.sharding.reshard(x, NamedSharding(mesh, P(None, layout.spec[1])))
   x = _precondition(x, preconditioning, eps, mesh)
-  x = _iterate(x, coeffs.astype(x.dtype), eps, ns_steps=int(ns_steps),
-               preconditioning=preconditioning, mesh=mesh)
+  x = _iterate(x, coeffs.astype(x.dtype), eps, ns_steps, preconditioning, mesh)
   if layout is not None:
     x = jax.sharding.reshard(x, layout)
   return x.T if tall else x
@@ -162,7 +186,8 @@ def orthogonalize_via_newton_schulz(
     x: a matrix, or an array whose matrices ``dimension_numbers`` names.
     ns_coeffs: quintic coefficients, shape (3,) (used ``ns_steps`` times) or
       (k, 3) (one row per step, ``ns_steps`` ignored).
-    ns_steps: number of iterations for (3,) coefficients.
+    ns_steps: number of iterations for (3,) coefficients (an int, or a
+      traced integer such as an injected hyperparameter).
     preconditioning: 'frobenius' or 'spectral' (divide by that norm first),
       'aol' or 'schatten' (a rescaled first iteration).
     eps: added to denominators.
