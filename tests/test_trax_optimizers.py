@@ -157,14 +157,26 @@ def test_adafactor_momentum_and_its_dtype(in_bfloat16):
   np.testing.assert_allclose(np.asarray(state.momentum, np.float32), [0.01], rtol=1e-2)
 
 
-def test_adafactor_weight_decay_stops_after_n_steps():
+@pytest.mark.parametrize("n_steps,want", [
+    # trax's rate at step t is wd * max(n - t, 0) / n: with wd = 0.1, n = 4
+    # the weight is multiplied by 0.9, 0.925, 0.95, 0.975, then 1, 1.
+    (4, [0.9, 0.8325, 0.790875, 0.771103125, 0.771103125, 0.771103125]),
+    (1, [0.9, 0.9, 0.9, 0.9, 0.9, 0.9]),
+    # Below 1 (0, the default, or negative) or None: wd at every step.
+    (0, [0.9**t for t in range(1, 7)]),
+    (-2, [0.9**t for t in range(1, 7)]),
+    (None, [0.9**t for t in range(1, 7)]),
+])
+def test_adafactor_weight_decay_ramps_down_over_n_steps(n_steps, want):
   tx = adafactor(factored=False, learning_rate=0.0, weight_decay_rate=0.1,
-                 weight_decay_n_steps=1)
-  new, _ = two_steps(tx, jnp.array([1.0]), jnp.array([1.0]), jnp.array([1.0]))
-  np.testing.assert_allclose(new, [0.9], rtol=1e-6)  # decayed once, then not
-  tx = adafactor(factored=False, learning_rate=0.0, weight_decay_rate=0.1)
-  new, _ = two_steps(tx, jnp.array([1.0]), jnp.array([1.0]), jnp.array([1.0]))
-  np.testing.assert_allclose(new, [0.81], rtol=1e-6)  # n_steps = 0: always
+                 weight_decay_n_steps=n_steps)
+  w, state, got = jnp.array([1.0]), tx.init(jnp.array([1.0])), []
+  update = jax.jit(tx.update)
+  for _ in range(6):
+    updates, state = update(jnp.array([1.0]), state, w)
+    w = shardopt.apply_updates(w, updates)
+    got.append(float(w[0]))
+  np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
 # --- SM3 ----------------------------------------------------------------------

@@ -39,6 +39,16 @@ def _is_factored(param, factored: bool) -> bool:
   return factored and jnp.ndim(param) >= 2
 
 
+def _weight_decay_at(count, rate, n_steps):
+  """trax's decay rate at step ``count`` (from 0): ``rate`` when ``n_steps``
+  is None or below 1, else ``rate * max(n_steps - count, 0) / n_steps``,
+  a linear ramp to 0 over the first ``n_steps`` steps."""
+  if n_steps is None:
+    return rate
+  ramp = rate * jnp.maximum(n_steps - count, 0) / jnp.maximum(n_steps, 1)
+  return jnp.where(n_steps < 1, rate, ramp)
+
+
 def trax_adafactor(
     learning_rate: base.ScalarOrSchedule = 0.05,
     factored: bool = True,
@@ -63,8 +73,9 @@ def trax_adafactor(
   ``lr * max(rms(w), epsilon2) * y`` (the param scale only when
   ``multiply_by_parameter_scale``), averaged with ``beta1`` when
   ``do_momentum`` (momentum kept in bfloat16 when ``momentum_in_bfloat16``);
-  ``w <- (1 - wd) w - step``, with decay only for steps
-  ``t < weight_decay_n_steps`` when that is positive (always when 0 or None).
+  ``w <- (1 - wd_t) w - step``, where ``wd_t = wd * max(n - t, 0) / n`` for
+  ``n = weight_decay_n_steps`` of at least 1 (``wd`` when ``n`` is below 1 or
+  None), as trax.
 
   Args:
     learning_rate: a scalar or a schedule of the step count (default 0.05).
@@ -82,8 +93,9 @@ def trax_adafactor(
     decay_rate: exponent of the second moment's decay (default 0.8).
     clipping_threshold: the block RMS ``y`` is clipped to (default 1.0).
     weight_decay_rate: the decay rate ``wd`` (default 1e-5).
-    weight_decay_n_steps: decay only during the first this many steps when
-      positive; 0 or ``None`` (default 0) decays at every step.
+    weight_decay_n_steps: ramp the decay rate linearly down to 0 over this
+      many steps when at least 1; below 1 or ``None`` (default 0), decay at
+      the full rate at every step.
     epsilon1: added to the squared gradients (default 1e-16).
     epsilon2: floor of the param RMS in the param scale (default 1e-3).
 
@@ -130,9 +142,7 @@ def trax_adafactor(
     t = count.astype(jnp.float32) + 1.0
     rho = 1.0 - t ** (-decay_rate)
     lr = base.value_at(learning_rate, count)
-    decay = weight_decay_rate
-    if weight_decay_n_steps:
-      decay = jnp.where(count < weight_decay_n_steps, weight_decay_rate, 0.0)
+    decay = _weight_decay_at(count, weight_decay_rate, weight_decay_n_steps)
 
     def per_param(g, w, v_row, v_col, v, m):
       y, v_row, v_col, v = second_moment_direction(g, v_row, v_col, v, rho)

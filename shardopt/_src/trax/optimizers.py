@@ -13,7 +13,8 @@ Differences from the optax aliases of the same family:
   (optax factors the two largest dimensions of arrays whose second-largest is
   at least ``min_dim_size_to_factor``), adds ``epsilon1`` to the squared
   gradient, clips the update RMS only when ``do_clipping``, optionally keeps
-  bfloat16 momentum, and can stop weight decay after ``weight_decay_n_steps``;
+  bfloat16 momentum, and can ramp weight decay down to 0 over
+  ``weight_decay_n_steps`` steps;
 - RMSProp starts its mean square at one and divides by ``sqrt(v) + eps``;
 - SM3 offers EMA, heavy-ball and Nesterov momentum, an averaging factor for the
   second moments (1.0 = AdaGrad-style sums) and weight decay added to the
