@@ -190,7 +190,8 @@ def _add_outputs(p) -> None:
   g.add_argument("--sample-every", type=int, default=0,
                  help="print a greedy sample of the model every N steps; 0: only at the end")
   g.add_argument("--profile-steps", type=_step_range, default=None, metavar="FIRST:LAST",
-                 help="write a jax.profiler trace of these steps into OUT/plugins/profile")
+                 help="write a jax.profiler trace of these steps into OUT/plugins/profile (a"
+                 " resume that starts inside the window: from its first step)")
   g.add_argument("--peak-tflops", type=float, default=None,
                  help="peak TFLOP/s per device for the MFU; default the vendor's bfloat16"
                  " figure of known accelerators, on CPU a measured estimate")
@@ -204,8 +205,8 @@ def _add_processes(p) -> None:
                  " (TPU/GPU hosts)")
   g.add_argument("--coordinator", default=None,
                  help="HOST:PORT of process 0: join a multi-process job explicitly")
-  g.add_argument("--num-processes", type=int, default=None)
-  g.add_argument("--process-id", type=int, default=None)
+  g.add_argument("--num-processes", type=int, default=None, help="with --coordinator")
+  g.add_argument("--process-id", type=int, default=None, help="with --coordinator")
   g.add_argument("--auto-distributed", action="store_true",
                  help="jax.distributed.initialize() with cluster auto-detection"
                  " (SLURM, TPU pod)")
@@ -236,7 +237,9 @@ def _add_config(p) -> None:
                  help="read flags from a TOML or JSON file (keys are the flag names, e.g."
                  " lr = 0.01); flags on the command line win")
   g.add_argument("--print-config", action="store_true",
-                 help="print the resolved flags as TOML (a --config file) and exit")
+                 help="print the resolved flags as TOML (a --config file) and exit; those"
+                 " derived from other flags and not given (--lr, --schedule,"
+                 " --schedule-steps, --warmup-steps, --correction-bits) as comments")
 
 
 # Checks ------------------------------------------------------------------
@@ -270,11 +273,21 @@ def keyword_values(args: argparse.Namespace) -> list[tuple[str, str, float]]:
 
 
 def _check_warmup(args: argparse.Namespace, given: bool) -> None:
-  """A --warmup-steps given (or saved) must end before the warmup_cosine horizon; the default
-  is shortened to the horizon - 1 (optim.build_schedule), as --help says."""
+  """A --warmup-steps given must end before the warmup_cosine horizon; the default (or a
+  resume's saved value) is shortened to the horizon - 1 (``warmup_in_use``), as --help says."""
   if given and args.schedule == "warmup_cosine" and args.warmup_steps >= args.schedule_steps:
     raise UsageError(f"--warmup-steps {args.warmup_steps}: must be below the schedule's horizon"
                      f" {args.schedule_steps} (--schedule-steps, which defaults to --steps)")
+
+
+def _check_profile_window(args: argparse.Namespace) -> None:
+  """A --profile-steps given must start at --steps or before (a resume's start step is known
+  once restored: ``launch.profile`` warns there)."""
+  first, last = step_range(args.profile_steps)
+  if first > args.steps:
+    raise UsageError(f"--profile-steps {first}:{last}: starts after the run's last step"
+                     f" {args.steps} (--steps); choose a window that starts at {args.steps}"
+                     " or before")
 
 
 def _check_numbers(args: argparse.Namespace) -> None:
@@ -315,6 +328,12 @@ def _check_processes(args: argparse.Namespace) -> None:
     raise UsageError("a multi-process job needs --out (the same folder for every process)")
   if args.coordinator and (args.num_processes is None or args.process_id is None):
     raise UsageError("--coordinator needs --num-processes and --process-id")
+  joining = [f"--num-processes {args.num_processes}"] if (args.num_processes or 1) > 1 else []
+  joining += [f"--process-id {args.process_id}"] if args.process_id is not None else []
+  if joining and not (args.coordinator or args.auto_distributed):  # else nothing joins them
+    raise UsageError(f"{' '.join(joining)} {'need' if len(joining) > 1 else 'needs'}"
+                     " --coordinator HOST:PORT (process 0's address, to join the other"
+                     " processes) or --auto-distributed")
   if args.process_id is not None and args.num_processes is not None and (
       args.process_id >= args.num_processes):
     raise UsageError(f"--process-id {args.process_id}: must be below --num-processes"
@@ -373,25 +392,60 @@ def explicit_flags(argv: list[str]) -> dict:
   return vars(p.parse_args(argv))
 
 
+def _derive(args: argparse.Namespace) -> dict:
+  """Fills the flags that default to a value derived from other flags and were left unset;
+  returns {name: (value, why)} of those it filled."""
+  derived = {}
+  if args.lr is None:
+    args.lr = defaults.learning_rate(args.optimizer)
+    derived["lr"] = (args.lr, f"{args.optimizer}'s default")
+  if args.schedule is None:
+    args.schedule = defaults.schedule(args.optimizer)
+    derived["schedule"] = (args.schedule, f"{args.optimizer}'s default")
+  if args.schedule_steps is None:
+    args.schedule_steps = args.steps
+    derived["schedule_steps"] = (args.steps, "--steps")
+  if args.param_dtype == "bfloat16" and args.correction_bits is None:
+    args.correction_bits = 8
+    derived["correction_bits"] = (8, "the default with --param-dtype bfloat16")
+  return derived
+
+
+def warmup_in_use(args: argparse.Namespace) -> int:
+  """The warmup steps of the warmup_cosine schedule: --warmup-steps, at most the horizon - 1."""
+  return min(args.warmup_steps, args.schedule_steps - 1)
+
+
+def _warmup_note(args: argparse.Namespace, saved: bool) -> tuple[int, str]:
+  """(value, why) of a --warmup-steps not given: the default, or a resume's saved value."""
+  source = ("the run's saved" if saved else "the default") + f" {args.warmup_steps}"
+  if args.schedule != "warmup_cosine":
+    return args.warmup_steps, f"{source}; --schedule {args.schedule} has no warmup"
+  return warmup_in_use(args), f"{source}, at most the schedule's horizon - 1"
+
+
 def finish(values: dict, given=None) -> argparse.Namespace:
   """The checked arguments: the parser's defaults updated by ``values``; --lr
   and --schedule default to the optimizer's (``defaults``), --schedule-steps
   to --steps, --correction-bits to 8 with --param-dtype bfloat16. ``given``:
   the names the user gave (default all of ``values``; a resume's saved flags
-  are not given: a saved default --warmup-steps is shortened as a default)."""
+  are not given: a saved default --warmup-steps is shortened as a default,
+  a saved --profile-steps is not checked against --steps).
+
+  ``args.derived`` maps each flag whose value depends on other flags and was
+  not given (those, and --warmup-steps when not given) to (its resolved value,
+  why): ``run_config.to_toml`` writes them as comments, not pinning them."""
+  given = set(values if given is None else given)
   args = parser().parse_args([])
   args.out_is_newest_run = False  # --out is the run --resume found (``launch.flags``)
   vars(args).update(values)
   check_args(args)
-  if args.lr is None:
-    args.lr = defaults.learning_rate(args.optimizer)
-  if args.schedule is None:
-    args.schedule = defaults.schedule(args.optimizer)
-  if args.schedule_steps is None:
-    args.schedule_steps = args.steps
-  if args.param_dtype == "bfloat16" and args.correction_bits is None:
-    args.correction_bits = 8
-  _check_warmup(args, "warmup_steps" in (values if given is None else given))
+  args.derived = _derive(args)
+  _check_warmup(args, "warmup_steps" in given)
+  if "warmup_steps" not in given:
+    args.derived["warmup_steps"] = _warmup_note(args, saved="warmup_steps" in values)
+  if "profile_steps" in given:
+    _check_profile_window(args)
   return args
 
 

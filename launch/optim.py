@@ -51,7 +51,7 @@ def build_schedule(args: argparse.Namespace) -> shardopt.Schedule:
     return shardopt.linear_schedule(peak, end, steps)
   if args.schedule == "warmup_cosine":
     return shardopt.warmup_cosine_decay_schedule(
-        0.0, peak, min(args.warmup_steps, steps - 1), steps, end_value=end)
+        0.0, peak, cli.warmup_in_use(args), steps, end_value=end)
   raise UsageError(f"--schedule {args.schedule!r}: expected constant, cosine,"
                    " warmup_cosine or linear.")
 

@@ -2,7 +2,8 @@
 on resume, and written or read as a --config file.
 
 Every flag is stored but those of one invocation (``INVOCATION``: --resume,
---config, --print-config, --debug). A resume takes the saved flags back
+--config, --print-config, --debug, and what ``cli.finish`` notes: which flags it
+derived). A resume takes the saved flags back
 (``inherited``) but where this invocation runs (``NOT_INHERITED``: --out,
 --checkpoint-dir, the process and device flags); flags given again are
 compared: one outside ``MAY_CHANGE`` must have the value it had when the
@@ -28,7 +29,8 @@ __all__ = ["INVOCATION", "MAY_CHANGE", "NOT_INHERITED", "compare", "config_of",
            "describe_changes", "flags_of", "inherited", "read_file", "saved_config", "title",
            "to_toml"]
 
-INVOCATION = frozenset({"resume", "config", "print_config", "debug", "out_is_newest_run"})
+INVOCATION = frozenset({"resume", "config", "print_config", "debug", "out_is_newest_run",
+                        "derived"})
 NOT_INHERITED = frozenset({  # where this invocation runs: the paths, the processes and devices
     "out", "checkpoint_dir", "cpu_devices", "coordinator", "num_processes", "process_id",
     "auto_distributed", "init_timeout", "heartbeat_timeout"})
@@ -130,12 +132,18 @@ def _toml_value(value) -> str:
 
 
 def to_toml(args: argparse.Namespace) -> str:
-  """The run's flags as a --config file (unset flags left out)."""
+  """The run's flags as a --config file (unset flags left out). A flag derived
+  from others and not given (``args.derived``, from ``cli.finish``) is a
+  comment holding its resolved value and why: the file documents it without
+  pinning it, so the flags given with the file derive it again."""
   lines = []
   for name, value in flags_of(args).items():
-    if value is None or (name == "opt" and not value):
+    if name in args.derived:
+      resolved, why = args.derived[name]
+      lines.append(f"# {name} = {_toml_value(resolved)}  ({why})")
+    elif value is None or (name == "opt" and not value):
       continue
-    if name == "opt":
+    elif name == "opt":
       pairs = ", ".join(f"{key} = {_toml_value(number)}" for key, number in value)
       lines.append(f"opt = {{ {pairs} }}")
     else:

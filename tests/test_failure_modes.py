@@ -120,6 +120,12 @@ ARGUMENT_CASES = [  # (id, arguments, what the message must name)
     ("unknown_flag", ["--learning-rate", "0.1"], ["--learning-rate"]),
     ("resume_bad_mode", ["--resume", "yes"], ["--resume", "yes"]),
     ("several_processes_without_out", ["--num-processes", "2"], ["--out"]),
+    ("processes_without_coordinator", ["--out", "run", "--num-processes", "2"],
+     ["--num-processes 2 needs --coordinator HOST:PORT", "or --auto-distributed"]),
+    ("process_id_without_coordinator", ["--out", "run", "--process-id", "1"],
+     ["--process-id 1 needs --coordinator HOST:PORT", "or --auto-distributed"]),
+    ("profile_window_after_the_last_step", ["--profile-steps", "5:7"],
+     ["--profile-steps 5:7: starts after the run's last step 2 (--steps)"]),
     # checked once jax knows the devices, still before anything is created:
     ("batch_not_divisible", ["--batch", "3"], ["--batch 3", "data=4"]),
     ("mesh_not_device_count", ["--mesh", "data=2,model=3"], ["--mesh data=2,model=3", "8"]),
@@ -179,6 +185,22 @@ def test_bad_argument_creates_nothing(tmp_path, args, culprits):
   work.mkdir()
   usage_error(job(tmp_path, *h.TINY, "--steps", "2", *args, cwd=work), *culprits)
   assert list(work.iterdir()) == []  # no runs/ folder
+
+
+def test_a_printed_config_starts_the_run_of_the_command_that_printed_it(tmp_path):
+  """Derived flags not given are comments: the file reads back (the shortened default warmup
+  not pinned), and flags given with it derive --lr and --schedule-steps again."""
+  printed = job(tmp_path, "--print-config", "--steps", "10")
+  assert printed.code == 0, printed.err
+  (tmp_path / "c.toml").write_text(printed.out)
+  again = job(tmp_path, "--config", str(tmp_path / "c.toml"), "--print-config")
+  assert (again.code, again.out) == (0, printed.out), again.err
+  (tmp_path / "d.toml").write_text(job(tmp_path, "--print-config").out)
+  flags_ = ["--steps", "1000", "--optimizer", "muon", "--print-config"]
+  with_file = job(tmp_path, "--config", str(tmp_path / "d.toml"), *flags_)
+  assert with_file.code == 0 and with_file.out == job(tmp_path, *flags_).out, with_file.err
+  assert "# lr = 0.03  (muon's default)" in with_file.out.splitlines()
+  assert "# schedule_steps = 1000  (--steps)" in with_file.out.splitlines()
 
 
 def test_debug_shows_the_traceback(tmp_path):
@@ -632,6 +654,23 @@ def test_resume_auto_starts_fresh_and_says_so(tmp_path):
   assert result.code == 0, result.err[-2000:]
   assert f"--resume auto: no checkpoint in {out}/checkpoints: starting fresh" in result.out
   assert [r["step"] for r in records(out)] == [1]
+
+
+@pytest.mark.slow
+def test_a_resume_entering_the_profile_window_partway_traces_from_its_first_step(run, tmp_path):
+  """Resumed at step 4 with --profile-steps 3:6: steps 5-6 are traced and the folder named;
+  a resume past its window (2:3 from step 6) says so in one line and writes no trace."""
+  result = job(tmp_path, *RUN, "--steps", "6", "--resume", "--out", str(run),
+               "--profile-steps", "3:6")
+  assert result.code == 0, result.err[-2000:]
+  traces = list((run / "plugins" / "profile").glob("*/*.xplane.pb"))
+  assert len(traces) == 1 and f"profile of steps 5-6: {traces[0].parent}" in result.out
+  result = job(tmp_path, *RUN, "--steps", "7", "--resume", "--out", str(run),
+               "--profile-steps", "2:3")
+  assert result.code == 0, result.err[-2000:]
+  assert ("warning: --profile-steps 2:3: this invocation starts at step 7, outside the window:"
+          " no trace") in result.out.splitlines()
+  assert list((run / "plugins" / "profile").glob("*/*.xplane.pb")) == traces
 
 
 @pytest.mark.slow

@@ -85,12 +85,14 @@ def test_default_out_is_a_new_run_folder_and_resume_takes_the_newest(tmp_path, m
 
 
 def test_local_launcher_gives_every_process_the_same_run_folder(tmp_path, monkeypatch):
-  from launch import local_multihost
+  from launch import cli, local_multihost
   monkeypatch.chdir(tmp_path)
   args = local_multihost.parse_args(["--processes", "2", "--", "--steps", "5"])
   commands = local_multihost.process_commands(args, port=12345)
   outs = {c[c.index("--out") + 1] for c in commands}
   assert len(outs) == 1 and outs.pop().startswith("runs/lm-")
   assert [c[c.index("--process-id") + 1] for c in commands] == ["0", "1"]
+  for command in commands:  # each joins the others: the job accepts its process flags
+    assert cli.parse_args(command[command.index("launch.train") + 1:]).coordinator
   given = local_multihost.parse_args(["--", "--out", "mine"])
   assert all(c.count("--out") == 1 and "mine" in c for c in local_multihost.process_commands(given, 1))

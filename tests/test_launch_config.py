@@ -34,10 +34,58 @@ def test_config_file_and_print_config_round_trip(tmp_path, capsys):
   assert _printed_config(capsys, "--config", str(path)) == toml
   direct = vars(flags.resolve(argv))
   assert {**vars(flags.resolve(["--config", str(path)])), "config": None} == direct
-  as_json = tmp_path / "run.json"
+  as_json = tmp_path / "run.json"  # every flag's value, as a checkpoint saves them: all given
   as_json.write_text(json.dumps(run_config.flags_of(flags.resolve(argv))))
-  assert {**vars(flags.resolve(["--config", str(as_json)])), "config": None} == direct
+  from_json = flags.resolve(["--config", str(as_json)])
+  assert run_config.flags_of(from_json) == run_config.flags_of(flags.resolve(argv))
+  assert from_json.derived == {}
   assert flags.resolve(["--config", str(path), "--lr", "0.02"]).lr == 0.02  # the command line wins
+
+
+def _written(tmp_path, name: str, text: str) -> str:
+  path = tmp_path / name
+  path.write_text(text)
+  return str(path)
+
+
+def test_a_printed_config_with_a_shortened_default_warmup_reads_back(tmp_path, capsys):
+  """--steps 10 shortens the default warmup 20 to 9: the file says so in a comment and does
+  not pin 20, which read back as given would be refused (below the horizon 10)."""
+  toml = _printed_config(capsys, "--steps", "10")
+  assert "# warmup_steps = 9  (the default 20, at most the schedule's horizon - 1)" in toml
+  assert "# schedule_steps = 10  (--steps)" in toml.splitlines()
+  path = _written(tmp_path, "c.toml", toml)
+  assert _printed_config(capsys, "--config", path) == toml
+  assert run_config.flags_of(flags.resolve(["--config", path])) == run_config.flags_of(
+      flags.resolve(["--steps", "10"]))
+
+
+@pytest.mark.parametrize("argv", [
+    ["--steps", "1000", "--optimizer", "muon"],  # lr and schedule_steps derived again
+    ["--optimizer", "lbfgs"],  # lr 1.0 and a constant schedule
+    ["--param-dtype", "float32"],  # no correction bits (the file was printed for bfloat16)
+    ["--steps", "5"],  # the default warmup shortened to 4
+])
+def test_flags_given_with_a_printed_config_derive_what_depends_on_them(tmp_path, capsys, argv):
+  """A printed config pins what was given, not what the job derived from it: flags given
+  next to the file derive --lr, --schedule, --schedule-steps, --warmup-steps and
+  --correction-bits as they would on the command line alone."""
+  toml = _printed_config(capsys, "--param-dtype", "bfloat16")
+  assert "# lr = 0.01  (adamw's default)" in toml.splitlines()
+  assert "# correction_bits = 8  (the default with --param-dtype bfloat16)" in toml.splitlines()
+  path = _written(tmp_path, "d.toml", toml)
+  alone = ["--param-dtype", "bfloat16", *argv]
+  assert run_config.flags_of(flags.resolve(["--config", path, *argv])) == run_config.flags_of(
+      flags.resolve(alone))
+  assert _printed_config(capsys, "--config", path, *argv) == _printed_config(capsys, *alone)
+
+
+def test_given_derived_flags_are_pinned_by_a_printed_config(tmp_path, capsys):
+  toml = _printed_config(capsys, "--lr", "0.02", "--schedule-steps", "300", "--warmup-steps", "5")
+  for line in ("lr = 0.02", "schedule_steps = 300", "warmup_steps = 5"):
+    assert line in toml.splitlines()
+  args = flags.resolve(["--config", _written(tmp_path, "e.toml", toml), "--optimizer", "muon"])
+  assert (args.lr, args.schedule_steps, args.warmup_steps) == (0.02, 300, 5)
 
 
 @pytest.mark.parametrize("text, culprit", [
@@ -155,16 +203,40 @@ def test_a_changed_flag_is_refused_as_itself_before_the_flags_are_merged(tmp_pat
   assert sorted(p.name for p in (out / "checkpoints").iterdir()) == before
 
 
+def _save_config(run, args) -> None:
+  """A checkpoint step 6 of ``run`` whose metadata holds the flags a resume takes from ``args``
+  (nothing else: enough for ``launch.flags``)."""
+  config = run_config.inherited(run_config.flags_of(args))
+  step = run / "checkpoints" / "6" / "metadata"
+  step.mkdir(parents=True)
+  (step / "metadata").write_text(json.dumps({"config": config}))
+
+
 def test_a_saved_default_warmup_is_not_refused_on_resume(tmp_path):
   """A run made with --steps 6 keeps the default --warmup-steps 20 (shortened
   to the horizon); its saved flags hold 20, and a resume that gives none of
   them must not refuse it as if the user had given 20."""
-  config = {k: v for k, v in vars(cli.parse_args(["--steps", "6"])).items()
-            if k in run_config.inherited(vars(cli.parse_args(["--steps", "6"])))}
-  step = tmp_path / "run" / "checkpoints" / "6" / "metadata"
-  step.mkdir(parents=True)
-  (step / "metadata").write_text(json.dumps({"config": config}))
+  _save_config(tmp_path / "run", cli.parse_args(["--steps", "6"]))
   args = flags.resolve(["--out", str(tmp_path / "run"), "--resume"])
   assert (args.steps, args.warmup_steps, args.schedule_steps) == (6, 20, 6)
   with pytest.raises(cli.UsageError, match="--warmup-steps 20"):
     flags.resolve(["--out", str(tmp_path / "run"), "--resume", "--warmup-steps", "20"])
+
+
+def test_a_resumes_printed_config_reads_back_with_and_without_resume(tmp_path, capsys):
+  """A run saved --steps 6 with the default --warmup-steps 20 (shortened to 5): its resume's
+  printed config pins the saved flags but the warmup, which the resume treats as a default,
+  so the file reads back with --resume (the same flags) and without (the same run)."""
+  _save_config(tmp_path / "run", cli.parse_args(["--steps", "6", "--optimizer", "muon"]))
+  resume = ["--out", str(tmp_path / "run"), "--resume"]
+  toml = _printed_config(capsys, *resume)
+  lines = toml.splitlines()
+  assert "# warmup_steps = 5  (the run's saved 20, at most the schedule's horizon - 1)" in lines
+  assert "lr = 0.03" in lines and "schedule_steps = 6" in lines  # saved: pinned
+  path = _written(tmp_path, "r.toml", toml)
+  assert _printed_config(capsys, "--config", path, *resume) == toml
+  assert run_config.flags_of(flags.resolve(["--config", path, *resume])) == run_config.flags_of(
+      flags.resolve(resume))
+  new = ["--out", str(tmp_path / "new")]
+  assert run_config.flags_of(flags.resolve(["--config", path, *new])) == run_config.flags_of(
+      flags.resolve([*new, "--steps", "6", "--optimizer", "muon"]))
