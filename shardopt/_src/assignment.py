@@ -57,6 +57,31 @@ def _add_row(costs: jax.Array, state, row):
   return (u, v, row_of), None
 
 
+def _matching(cost_matrix: jax.Array):
+  """Solves over the shorter side (transposing a tall matrix).
+
+  Returns ``(transposed, row_of, col_of)``: ``row_of[c]`` is the short-side
+  row assigned to column ``c`` (-1: free), ``col_of[r]`` the column of
+  short-side row ``r`` (every row is assigned).
+  """
+  transposed = cost_matrix.shape[0] > cost_matrix.shape[1]
+  costs = cost_matrix.T if transposed else cost_matrix
+  costs = costs.astype(jnp.result_type(float))
+  num_rows, num_cols = costs.shape
+  start = (jnp.zeros(num_rows + 1, costs.dtype), jnp.zeros(num_cols + 1, costs.dtype),
+           jnp.zeros(num_cols + 1, int))
+  (_, _, row_of), _ = lax.scan(
+      lambda state, row: _add_row(costs, state, row), start, jnp.arange(num_rows))
+  row_of = row_of[1:] - 1  # 0-based; -1: a free column
+  col_of = jnp.zeros(num_rows, int).at[jnp.where(row_of < 0, num_rows, row_of)].set(
+      jnp.arange(num_cols), mode="drop")
+  return transposed, row_of, col_of
+
+
+def _empty() -> tuple[jax.Array, jax.Array]:
+  return jnp.zeros(0, int), jnp.zeros(0, int)
+
+
 def hungarian_algorithm(cost_matrix: jax.Array) -> tuple[jax.Array, jax.Array]:
   """An optimal assignment for an ``(n, m)`` cost matrix.
 
@@ -69,8 +94,18 @@ def hungarian_algorithm(cost_matrix: jax.Array) -> tuple[jax.Array, jax.Array]:
     cost_matrix: an ``(n, m)`` matrix of costs.
 
   Returns:
-    ``(i, j)``: ``min(n, m)`` row and column indices (int), ``i`` increasing;
-    the assignment's cost is ``cost_matrix[i, j].sum()``.
+    ``(i, j)``: ``min(n, m)`` row and column indices (int), in optax's
+    order: ``j`` increasing (``arange(n)``) for a square matrix, else the
+    shorter side's indices decreasing (``i`` for ``n < m``, ``j`` for
+    ``n > m``); the assignment's cost is ``cost_matrix[i, j].sum()``.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import shardopt
+    >>> cost = jnp.array([[8, 4, 7], [5, 2, 3], [9, 6, 7], [9, 4, 8]])
+    >>> i, j = shardopt.assignment.hungarian_algorithm(cost)
+    >>> print("i:", i, "j:", j, "cost:", cost[i, j].sum())
+    i: [1 3 0] j: [2 1 0] cost: 15
 
   References:
     Kuhn, "The Hungarian method for the assignment problem", Naval Research
@@ -82,37 +117,36 @@ def hungarian_algorithm(cost_matrix: jax.Array) -> tuple[jax.Array, jax.Array]:
     (https://doi.org/10.1109/TAES.2016.140952).
   """
   if cost_matrix.shape[0] == 0 or cost_matrix.shape[1] == 0:
-    return jnp.zeros(0, int), jnp.zeros(0, int)
-  transposed = cost_matrix.shape[0] > cost_matrix.shape[1]
-  costs = cost_matrix.T if transposed else cost_matrix
-  costs = costs.astype(jnp.result_type(float))
-  num_rows, num_cols = costs.shape
-  start = (jnp.zeros(num_rows + 1, costs.dtype), jnp.zeros(num_cols + 1, costs.dtype),
-           jnp.zeros(num_cols + 1, int))
-  (_, _, row_of), _ = lax.scan(
-      lambda state, row: _add_row(costs, state, row), start, jnp.arange(num_rows))
-  row_of = row_of[1:] - 1  # 0-based; -1: a free column
-  # The column of each (short-side) row: rows are all assigned.
-  col_of = jnp.zeros(num_rows, int).at[jnp.where(row_of < 0, num_rows, row_of)].set(
-      jnp.arange(num_cols), mode="drop")
-  if not transposed:
-    return jnp.arange(num_rows), col_of
-  order = jnp.argsort(col_of)  # the long side (the original rows) increasing
-  return col_of[order], order
+    return _empty()
+  transposed, row_of, col_of = _matching(cost_matrix)
+  if row_of.shape == col_of.shape:  # square: the row of each column
+    return row_of, jnp.arange(row_of.shape[0])
+  short = jnp.arange(col_of.shape[0])[::-1]
+  return (col_of[short], short) if transposed else (short, col_of[short])
 
 
 def base_hungarian_algorithm(cost_matrix: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """An optimal assignment for an ``(n, m)`` cost matrix: optax keeps a
-  second implementation under this name; here it is ``hungarian_algorithm``.
+  """An optimal assignment for an ``(n, m)`` cost matrix, in the order of
+  optax's ``base_hungarian_algorithm``: ``i`` increasing.
+
+  optax keeps a second algorithm under this name; here the assignment is
+  ``hungarian_algorithm``'s.
 
   Args:
     cost_matrix: an ``(n, m)`` matrix of costs.
 
   Returns:
-    ``(i, j)`` as ``hungarian_algorithm`` returns them.
+    ``(i, j)``: ``min(n, m)`` row and column indices (int), ``i``
+    increasing; the assignment's cost is ``cost_matrix[i, j].sum()``.
 
   References:
     Crouse, "On implementing 2D rectangular assignment algorithms", IEEE
     TAES 2016 (https://doi.org/10.1109/TAES.2016.140952).
   """
-  return hungarian_algorithm(cost_matrix)
+  if cost_matrix.shape[0] == 0 or cost_matrix.shape[1] == 0:
+    return _empty()
+  transposed, _, col_of = _matching(cost_matrix)
+  if not transposed:
+    return jnp.arange(col_of.shape[0]), col_of
+  order = jnp.argsort(col_of)  # the long side (the original rows) increasing
+  return col_of[order], order
