@@ -9,6 +9,7 @@ Each failure is a ``UsageError`` naming the flag (exit 2), or a
 import argparse
 import contextlib
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -46,20 +47,32 @@ def with_optimizer_defaults(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def _succeeds(attempt, args: argparse.Namespace) -> bool:
+  """Whether ``attempt(args)`` works; its warnings are not shown (a probe, not the run)."""
   try:
-    attempt(args)
+    with warnings.catch_warnings(record=True):
+      attempt(args)
   except Exception:  # noqa: BLE001  (any failure: it fails with these arguments too)
     return False
   return True
+
+
+def _shown_if_it_works(attempt, args: argparse.Namespace):
+  """``attempt(args)``, its warnings shown only when it works: a failure is one error line."""
+  with warnings.catch_warnings(record=True) as caught:
+    result = attempt(args)
+  for w in caught:
+    warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+  return result
 
 
 def blame_values(args: argparse.Namespace, attempt):
   """``attempt(args)`` (building the optimizer, planning its state, tracing its step). When it
   fails with optimizer keyword values given and ``attempt`` succeeds with the optimizer's
   defaults instead (``with_optimizer_defaults``), a UsageError naming the values; any other
-  failure is raised as it is (the values are not to blame)."""
+  failure is raised as it is (the values are not to blame). Warnings are shown only when the
+  first attempt works."""
   try:
-    return attempt(args)
+    return _shown_if_it_works(attempt, args)
   except UsageError:
     raise
   except Exception as e:  # noqa: BLE001  (decided by the second attempt, not by the error)
