@@ -48,11 +48,30 @@ def run_updates(tx, params, steps: int, *, with_params: bool, jit: bool,
 
 
 def assert_trees_close(actual, expected, rtol=1e-6, atol=1e-7):
-  actual_leaves, actual_def = jax.tree.flatten(actual)
+  """Same structure; leaf by leaf the same shape, the same dtype and close
+  values (no broadcasting: () and (1,) differ)."""
+  actual_leaves, actual_def = jax.tree_util.tree_flatten_with_path(actual)
   expected_leaves, expected_def = jax.tree.flatten(expected)
   assert actual_def == expected_def, f"{actual_def} != {expected_def}"
-  for a, e in zip(actual_leaves, expected_leaves):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=rtol, atol=atol)
+  for (path, a), e in zip(actual_leaves, expected_leaves):
+    a, e, where = np.asarray(a), np.asarray(e), jax.tree_util.keystr(path)
+    assert a.shape == e.shape, f"{where}: shape {a.shape} != {e.shape}"
+    assert a.dtype == e.dtype, f"{where}: dtype {a.dtype} != {e.dtype}"
+    np.testing.assert_allclose(a, e, rtol=rtol, atol=atol, err_msg=where)
+
+
+def updates_shaped_like_grads(tx):
+  """``tx`` with each update reshaped to its gradient's shape.
+
+  For comparing with an optax transformation that changes a shape where
+  shardopt keeps it on purpose: optax's ``scale_by_distance_over_gradients``
+  gives a scalar param a (1,) update.
+  """
+  def update_fn(updates, state, params=None, **extra_args):
+    new, state = tx.update(updates, state, params, **extra_args)
+    return jax.tree.map(lambda u, g: u.reshape(jnp.shape(g)), new, updates), state
+
+  return optax.GradientTransformationExtraArgs(tx.init, update_fn)
 
 
 def assert_matches_optax(ours, theirs, *, steps: int = 20, params=None,
