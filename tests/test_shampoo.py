@@ -146,7 +146,7 @@ def test_sharded_transformer_matches_unsharded():
 def test_state_bytes_per_device_near_ideal():
   ratio, most, total = blocked_layout.state_bytes_over_ideal(
       shardopt.contrib.shampoo(0.01, block_size=16))
-  assert ratio <= 1.15, f"{most} bytes on a device, {total} in all"
+  assert ratio <= 1.13, f"{most} bytes on a device, {total} in all"  # 1.1204: shapes alone fix it
 
 
 @pytest.mark.parametrize("name", ["shampoo", "soap"])
