@@ -343,6 +343,19 @@ def test_launcher_resume_with_nothing_to_resume(tmp_path):
   assert list(work.iterdir()) == []
 
 
+@pytest.mark.parametrize("args,culprit", [
+    (["--devices", "0"], "--devices 0: must be at least 1"),
+    (["--timeout", "0"], "--timeout 0.0: must be a number of seconds > 0"),
+    (["--grace", "-1"], "--grace -1.0: must be a number of seconds > 0"),
+], ids=["devices", "timeout", "grace"])
+def test_launcher_with_no_devices_or_no_time(tmp_path, args, culprit):
+  work = tmp_path / "work"
+  work.mkdir()
+  result = job(tmp_path, *args, "--", *h.TINY, module="launch.local_multihost", cwd=work)
+  usage_error(result, culprit)
+  assert list(work.iterdir()) == []
+
+
 @pytest.mark.parametrize("processes", ["0", "-1"])
 def test_launcher_with_no_processes(tmp_path, processes):
   work = tmp_path / "work"
@@ -770,6 +783,22 @@ def test_non_finite_loss_stops_with_exit_3_and_saves_nothing_of_it(tmp_path):
   bad_step = int(re.search(r"(?:at|after) step (\d+):", message).group(1))
   assert all(math.isfinite(r["loss"]) for r in records(out))
   assert all(step < bad_step for step in h.checkpoint_steps(out / "checkpoints"))
+
+
+def test_a_non_finite_state_after_a_finite_loss_is_not_saved(tmp_path):
+  """--eps 0: Adam's first update divides 0 by 0 where a gradient is 0 (the embedding rows of
+  bytes not in the batch), so the params after step 1 hold NaN while step 1's loss is finite:
+  the check of the state before the save stops the job (launch/validation.py's check_state)."""
+  out = tmp_path / "run"
+  result = job(tmp_path, *h.TINY, "--optimizer", "adam", "--lr", "0.001", "--eps", "0",
+               "--steps", "3", "--checkpoint-every", "1", "--eval-every", "0", "--out", str(out))
+  assert result.code == 3, result.err[-2000:]
+  message = result.err.strip().splitlines()[-1]
+  assert message.startswith("error: non-finite params or optimizer state after step 1: stopped"
+                            " without saving it"), message
+  metrics = records(out)  # strict JSON: the non-finite norms are null
+  assert [r["step"] for r in metrics] == [1] and math.isfinite(metrics[0]["loss"])
+  assert h.checkpoint_steps(out / "checkpoints") == []
 
 
 @pytest.mark.slow
