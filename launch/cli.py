@@ -251,7 +251,10 @@ _AT_LEAST = {  # flag: smallest value
     "init_timeout": 1, "heartbeat_timeout": 1, "num_processes": 1, "process_id": 0,
     "eval_every": 0, "eval_batches": 1, "sample_every": 0, "seed": 0,
 }
-_AT_MOST = {"seed": (2**32 - 1, "jax's PRNG keys take 32-bit seeds")}  # flag: (value, why)
+_AT_MOST = {  # flag: (value, why)
+    "seed": (2**32 - 1, "jax's PRNG keys take 32-bit seeds"),
+    "lr": (3.4028234663852886e38, "the largest float32: the schedule computes in float32"),
+}
 
 
 def _flag(name: str) -> str:
