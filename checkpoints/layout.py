@@ -17,6 +17,7 @@ layout alone records it, and a restore makes it again (``empty_value``).
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
@@ -200,10 +201,17 @@ def read_args(pairs: list[tuple[str, Any]]) -> tuple[dict, dict]:
 
 
 def _put_back(leaf, value, saved_spec: dict):
+  """``value`` read for the target ``leaf``, as the leaf's own type: a Python or NumPy scalar,
+  a NumPy array, or a jax array, uncommitted where the leaf is (``jnp.zeros`` made by
+  ``tx.init``: a committed one could not meet params on a mesh in one jit)."""
   if isinstance(leaf, _PY_SCALARS):
     return type(leaf)(np.asarray(value).item())
-  if isinstance(leaf, (np.ndarray, np.generic)):
+  if isinstance(leaf, np.generic):
+    return np.asarray(value, dtype=leaf.dtype)[()]
+  if isinstance(leaf, np.ndarray):
     return np.asarray(value, dtype=leaf.dtype)
+  if isinstance(leaf, jax.Array) and not leaf.committed:
+    value = jnp.asarray(np.asarray(value))
   if _is_key(leaf):
     return jax.random.wrap_key_data(value, impl=saved_spec["key_impl"])
   return value

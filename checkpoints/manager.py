@@ -14,6 +14,7 @@ import errno
 import json
 import logging
 import operator
+import warnings
 from typing import Any
 from typing import NamedTuple
 from typing import NoReturn
@@ -123,8 +124,9 @@ class CheckpointManager:
     return sorted(self._mngr.all_steps())
 
   def latest_step(self) -> int | None:
-    """The newest finalized step, or None."""
-    return self._mngr.latest_step()
+    """The largest finalized step (the one ``restore`` reads by default), or None."""
+    steps = self.all_steps()
+    return steps[-1] if steps else None
 
   def should_save(self, step: int) -> bool:
     """Whether ``save(step, ...)`` would write under the save interval."""
@@ -185,13 +187,19 @@ class CheckpointManager:
     With ``async_save`` (the default) it returns once the arrays are copied off
     the devices, and the write goes on in the background. ``metadata`` is any
     JSON (data position, config); ``metrics`` ranks checkpoints for keep_best.
-    Skipped (False) when ``step`` is not on the save interval, unless ``force``.
+    Skipped (False) when ``step`` is not on the save interval or not above
+    the largest step saved (with a warning saying so), unless ``force``.
     Each array's checksum is computed from its shards before the write starts.
     """
     if self.read_only:
       raise CheckpointError(f"CheckpointManager({self.directory}, read_only=True) cannot save.")
     step = _checked_step(step)
     if not force and not self._mngr.should_save(step):
+      latest = self.latest_step()
+      if latest is not None and step <= latest:
+        warnings.warn(f"CheckpointManager({self.directory}).save({step}) skipped: not above the"
+                      f" largest step saved, {latest}; pass force=True to write it (restore"
+                      " reads the largest step by default)", stacklevel=2)
       return False
     metadata = _json(metadata or {}, "metadata")
     if metrics is not None:

@@ -253,3 +253,51 @@ def test_a_step_may_be_a_0d_integer_array(tmp_path):
     mngr.wait_until_finished()
     assert mngr.all_steps() == [3]
     assert mngr.restore({"a": jnp.zeros(2)}).step == 3
+
+
+def test_a_plain_train_state_restored_into_a_fresh_one_trains_on(tmp_path):
+  """flax's TrainState.create on params placed on a mesh: tx.init's count is uncommitted and
+  comes back uncommitted (committed to device 0 it could not meet the mesh's params in one
+  jit); the next step equals the uninterrupted run's."""
+  mesh = _mesh((2, 4))
+
+  def fresh():
+    params = jax.device_put(_init_params(), _param_shardings(mesh))
+    return train_state.TrainState.create(apply_fn=None, params=params, tx=shardopt.adam(1e-2))
+
+  state, _ = _run(fresh(), 0, 2)
+  with ck.CheckpointManager(tmp_path) as mngr:
+    mngr.save(2, state)
+    mngr.wait_until_finished()
+    restored = mngr.restore(fresh()).state
+  assert not restored.opt_state[0].count.committed
+  _assert_bit_equal(_run(restored, 2, 3), _run(state, 2, 3))
+
+
+def test_numpy_scalars_restore_as_their_own_type(tmp_path):
+  with ck.CheckpointManager(tmp_path) as mngr:
+    mngr.save(1, {"x": np.float32(2.5), "n": np.int64(7), "a": np.ones(2, np.float32)})
+    mngr.wait_until_finished()
+    out = mngr.restore({"x": np.float32(0), "n": np.int64(0), "a": np.zeros(2, np.float32)}).state
+  assert type(out["x"]) is np.float32 and out["x"] == 2.5
+  assert type(out["n"]) is np.int64 and out["n"] == 7
+  assert type(out["a"]) is np.ndarray
+
+
+def test_latest_step_is_the_step_restore_reads_and_a_save_below_it_says_so(tmp_path):
+  """After a rewind (steps 100 and 200 saved, 150 written with force), latest_step() is the
+  step restore() reads by default in this manager and after reopening; a save below the
+  largest step without force is skipped with a warning."""
+  target = {"a": jnp.zeros(2)}
+  with ck.CheckpointManager(tmp_path) as mngr:
+    for step in (100, 200):
+      mngr.save(step, {"a": jnp.full(2, float(step))})
+    with pytest.warns(UserWarning, match=r"save\(150\) skipped: not above the largest step"
+                      r" saved, 200; pass force=True"):
+      assert not mngr.save(150, {"a": jnp.full(2, 150.0)})
+    assert mngr.save(150, {"a": jnp.full(2, 150.0)}, force=True)
+    mngr.wait_until_finished()
+    assert mngr.latest_step() == mngr.restore(target).step == 200
+  with ck.CheckpointManager(tmp_path) as mngr:
+    assert mngr.all_steps() == [100, 150, 200]
+    assert mngr.latest_step() == mngr.restore(target).step == 200
