@@ -114,6 +114,20 @@ def test_init_that_cannot_run_on_stand_ins_falls_back_to_the_prefix_match():
   assert flat.shape == (2048 + 32 * 64,) and flat.zero == "dim 0"
 
 
+def test_the_prefix_match_does_not_take_a_chains_parts_for_params_of_one_shape():
+  """Tuple params of one shape under chain(masked(adam, fn), trace), the mask function reading
+  ndim (no stand-in trace): the chain's 2-tuple state is not matched to the params' 2-tuple
+  (mu[1] and nu[1] were put down to params[0], trace[0] to params[1]); each moment is owned by
+  its own param."""
+  params = (_sds(W), _sds(W))
+  mask = lambda p: tuple(x.ndim == 2 for x in p)
+  tx = shardopt.chain(shardopt.masked(shardopt.scale_by_adam(), mask), shardopt.trace(0.9))
+  plan = _plan(tx, params, shard_state_over="data")
+  owners = {l.path: l.param for l in plan.leaves if l.shape}
+  assert owners == {f"[0].inner_state.{m}[{i}]": f"[{i}]" for m in ("mu", "nu")
+                    for i in range(2)} | {f"[1].trace[{i}]": f"[{i}]" for i in range(2)}
+
+
 def test_min_shard_bytes_decides_what_zero_touches():
   params = {"w": _sds(W), "b": _sds((16,))}  # 8 KiB and 64 bytes
   tx = shardopt.adam(0.1)

@@ -129,15 +129,30 @@ def _derives(leaf, param_shape) -> bool:
   return param_dims(leaf.shape, param_shape) is not None
 
 
+def _holds_params_tree(tree, params_def) -> bool:
+  """Whether ``tree`` or a node in it has the params' structure: a state
+  holding a tree per params (a chain's part, Adam's ``mu``), not one param's
+  state, whatever the shapes (two params of one shape matched the chain's
+  parts by prefix)."""
+  if jax.tree.structure(tree) == params_def:
+    return True
+  children = jax.tree.leaves(tree, is_leaf=lambda x: x is not tree)
+  if len(children) == 1 and children[0] is tree:  # an array leaf
+    return False
+  return any(_holds_params_tree(child, params_def) for child in children)
+
+
 def _owners_by_prefix(state, params_def, params_shapes) -> list[int | None]:
   try:
     subtrees = params_def.flatten_up_to(state)
   except (ValueError, TypeError):
     subtrees = None
-  if subtrees is not None and all(
-      _derives(leaf, shape)
-      for sub, shape in zip(subtrees, params_shapes)
-      for leaf in jax.tree.leaves(sub)):
+  if subtrees is not None and not (
+      params_def.num_leaves > 1 and
+      any(_holds_params_tree(sub, params_def) for sub in subtrees)) and all(
+          _derives(leaf, shape)
+          for sub, shape in zip(subtrees, params_shapes)
+          for leaf in jax.tree.leaves(sub)):
     return [i for i, sub in enumerate(subtrees) for _ in jax.tree.leaves(sub)]
   children = jax.tree.leaves(state, is_leaf=lambda x: x is not state)
   if len(children) == 1 and children[0] is state:  # an array leaf
