@@ -141,6 +141,24 @@ def test_min_shard_bytes_decides_what_zero_touches():
     _plan(tx, params, shard_state_over="data", min_shard_bytes=-1)
 
 
+def test_a_small_params_large_state_leaf_is_zero_sharded_on_a_param_dimension():
+  """A 2 KiB param with L-BFGS's 20 KiB (10, 16, 32) memories: a leaf of at least
+  min_shard_bytes gets the ZeRO axis on a param dimension (it was left whole on every device,
+  its param below the threshold); Adam's 2 KiB moments of the same param stay whole."""
+  params = {"small": _sds((16, 32))}
+  mesh = partitioning.make_abstract_mesh({"data": 2, "model": 4})
+  plan = lambda tx: shardopt.plan_state_shardings(
+      tx, params, {"small": NamedSharding(mesh, P())}, shard_state_over="data")
+  lbfgs = plan(shardopt.lbfgs(memory_size=10))
+  memories = [l for l in lbfgs.leaves if l.shape == (10, 16, 32)]
+  assert len(memories) == 2 and all(l.spec == P(None, None, "data") for l in memories)
+  assert not lbfgs.zero_skipped
+  adam = plan(shardopt.adam(0.1))
+  assert not adam.zero_sharded
+  assert {l.zero for l in adam.leaves if l.shape} == {
+      "not sharded: its param has 2048 bytes < min_shard_bytes=4096"}
+
+
 def test_large_leaf_that_cannot_be_sharded_is_listed_and_warned_about():
   params = {"odd": _sds((1025,))}  # 4100 bytes, odd length
   mesh = partitioning.make_abstract_mesh({"data": 2, "model": 4})

@@ -145,10 +145,13 @@ def state_shardings(tx, params, param_shardings, *, shard_state_over=None,
     params: the params, as arrays or ``jax.ShapeDtypeStruct``.
     param_shardings: a ``NamedSharding`` per param (same tree structure), all
       on one mesh (Auto or Explicit axes, or an ``AbstractMesh``).
-    shard_state_over: a mesh axis over which to additionally shard every
-      state leaf of at least ``min_shard_bytes`` (ZeRO); ``None`` for none.
-    min_shard_bytes: ZeRO leaves state leaves smaller than this (whole-leaf
-      bytes) as they are; default 4 KiB.
+    shard_state_over: a mesh axis over which to additionally shard the
+      state of every param of at least ``min_shard_bytes`` or with a state
+      leaf of at least that, and every other state leaf of that size (ZeRO);
+      ``None`` for none.
+    min_shard_bytes: whole-param or whole-leaf bytes; ZeRO leaves the state
+      of a param below it whose leaves are all below it as it is, and other
+      leaves below it too; default 4 KiB.
 
   Returns:
     A tree of ``NamedSharding`` with the structure of ``tx.init(params)``.
@@ -180,15 +183,20 @@ def plan_state_shardings(tx, params, param_shardings, *,
   param_leaves, params_def = jax.tree.flatten(params)
   spec_leaves = _param_specs(params, param_shardings)
   check_param_shardings(params, param_shardings)
-  zeros = ([None] * len(param_leaves) if shard_state_over is None else [
-      param_zero(p.shape, p.dtype, spec, shard_state_over,
-                 mesh.shape[shard_state_over], min_shard_bytes)
-      for p, spec in zip(param_leaves, spec_leaves)])
+  if shard_state_over is None:
+    zeros, owned = [None] * len(param_leaves), None
+  else:
+    owned = _owned_state(tx, params)
+    zeros = [param_zero(p.shape, p.dtype, spec, shard_state_over,
+                        mesh.shape[shard_state_over], min_shard_bytes, largest)
+             for p, spec, largest in zip(param_leaves, spec_leaves,
+                                         _largest_leaf_bytes(*owned, len(param_leaves)))]
   update_specs = [_update_spec(spec, zero, shard_state_over)
                   for spec, zero in zip(spec_leaves, zeros)]
   state = _abstract_state(tx, params, update_specs, params_def, mesh)
   state_leaves, state_def = jax.tree_util.tree_flatten_with_path(state)
-  owners = state_owners(tx.init, params, state)
+  same_tree = owned is not None and jax.tree.structure(owned[0]) == state_def
+  owners = owned[1] if same_tree else state_owners(tx.init, params, state)
   param_paths = [jax.tree_util.keystr(p) for p, _ in
                  jax.tree_util.tree_flatten_with_path(params)[0]]
   plans = [
@@ -216,6 +224,25 @@ def plan_state_shardings(tx, params, param_shardings, *,
       params_def, [NamedSharding(mesh, spec) for spec in update_specs])
   return StatePlan(shardings, tuple(plans), shard_state_over, under,
                    min_shard_bytes, update_shardings)
+
+
+def _owned_state(tx, params):
+  """(``tx.init``'s abstract state on the params as they are, the owner of
+  each leaf: ``state_owners``)."""
+  unsharded = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype),
+                           params)
+  state = jax.eval_shape(tx.init, unsharded)
+  return state, state_owners(tx.init, params, state)
+
+
+def _largest_leaf_bytes(state, owners, num_params: int) -> list[int]:
+  """Per param, the bytes of its largest state leaf (0 for none)."""
+  largest = [0] * num_params
+  for leaf, owner in zip(jax.tree.leaves(state), owners):
+    if owner is not None:
+      nbytes = math.prod(leaf.shape) * getattr(leaf.dtype, "itemsize", 0)
+      largest[owner] = max(largest[owner], nbytes)
+  return largest
 
 
 def _update_spec(spec: P, zero: ParamZero | None, axis: str | None) -> P:

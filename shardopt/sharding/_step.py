@@ -249,10 +249,11 @@ def make_sharded_optimizer(tx, params, param_shardings, *,
     params: the params, as arrays or ``jax.ShapeDtypeStruct``.
     param_shardings: a ``NamedSharding`` per param.
     shard_state_over: the ZeRO mesh axis: the state of every param of at
-      least ``min_shard_bytes`` (and every other state leaf of that size) is
-      additionally split over it; ``None`` for none.
-    min_shard_bytes: the smallest param (whole-param bytes) ZeRO splits the
-      state of.
+      least ``min_shard_bytes`` or with a state leaf of at least that (and
+      every other state leaf of that size) is additionally split over it;
+      ``None`` for none.
+    min_shard_bytes: the bytes (whole param or whole state leaf) from which
+      ZeRO splits a param's state.
     donate: whether ``update`` and ``train_step`` consume the params and
       state passed in (in-place update; reuse only the returned ones).
     state_memory_kind: the memory every state leaf lives in between steps,

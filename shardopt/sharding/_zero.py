@@ -1,7 +1,8 @@
 """ZeRO: which dimension of each param's state the ZeRO axis splits.
 
 The decision is made once per param (``param_zero``): the state of a param
-of at least ``min_shard_bytes`` that is not yet split over the axis is split
+that is not yet split over the axis, of at least ``min_shard_bytes`` or with
+a state leaf of at least that (L-BFGS's ``(m, *param)`` memories), is split
 on the param's largest free (``None`` in its spec) dimension divisible by
 the axis size (the first on a tie). The param's *update layout* is its spec
 with the axis on that dimension: the sharded step hands ``tx.update`` the
@@ -54,7 +55,7 @@ class ParamZero(NamedTuple):
 
 
 def param_zero(shape, dtype, spec, axis: str, size: int,
-               min_shard_bytes: int) -> ParamZero:
+               min_shard_bytes: int, state_bytes: int = 0) -> ParamZero:
   """Where ZeRO splits the state of a param of ``shape`` laid out ``spec``.
 
   Args:
@@ -63,7 +64,9 @@ def param_zero(shape, dtype, spec, axis: str, size: int,
     spec: its spec, one entry per dimension.
     axis: the ZeRO mesh axis.
     size: that axis's size.
-    min_shard_bytes: params smaller than this keep their state's layout.
+    min_shard_bytes: params smaller than this, whose state leaves are all
+      smaller too, keep their state's layout.
+    state_bytes: the bytes of the param's largest state leaf.
   """
   for dim, entry in enumerate(spec):
     if axis in spec_axes((entry,)):
@@ -71,8 +74,9 @@ def param_zero(shape, dtype, spec, axis: str, size: int,
   if not shape:
     return ParamZero(None, "not sharded: scalar param")
   nbytes = math.prod(shape) * getattr(dtype, "itemsize", 0)
-  if nbytes < min_shard_bytes:
-    return ParamZero(None, f"not sharded: its param has {nbytes} bytes < "
+  if max(nbytes, state_bytes) < min_shard_bytes:
+    largest = f" and its largest state leaf {state_bytes}" if state_bytes > nbytes else ""
+    return ParamZero(None, f"not sharded: its param has {nbytes} bytes{largest} < "
                      f"min_shard_bytes={min_shard_bytes}")
   reason, dim = _free_divisible(shape, spec, size)
   return ParamZero(dim, reason)
