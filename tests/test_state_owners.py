@@ -141,6 +141,12 @@ def test_min_shard_bytes_decides_what_zero_touches():
     _plan(tx, params, shard_state_over="data", min_shard_bytes=-1)
 
 
+@pytest.mark.parametrize("axes", [("data", "model"), ["data"]])
+def test_zero_over_several_axes_is_refused_saying_so(axes):
+  with pytest.raises(TypeError, match=r"expected one mesh axis name .*ZeRO over several axes"):
+    _plan(shardopt.adam(0.1), {"w": _sds(W)}, shard_state_over=axes)
+
+
 def test_a_small_params_large_state_leaf_is_zero_sharded_on_a_param_dimension():
   """A 2 KiB param with L-BFGS's 20 KiB (10, 16, 32) memories: a leaf of at least
   min_shard_bytes gets the ZeRO axis on a param dimension (it was left whole on every device,

@@ -176,6 +176,11 @@ def plan_state_shardings(tx, params, param_shardings, *,
     raise ValueError(f"min_shard_bytes={min_shard_bytes}: expected bytes >= 0"
                      " (0 lets ZeRO shard every non-scalar leaf).")
   mesh = _common_mesh(param_shardings)
+  if shard_state_over is not None and not isinstance(shard_state_over, str):
+    raise TypeError(
+        f"shard_state_over={shard_state_over!r}: expected one mesh axis name"
+        f" (a str, one of {tuple(mesh.shape)}); ZeRO over several axes is not"
+        " supported.")
   if shard_state_over is not None and shard_state_over not in mesh.shape:
     raise ValueError(
         f"shard_state_over={shard_state_over!r} is not an axis of the mesh "
