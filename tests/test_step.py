@@ -4,6 +4,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 import numpy as np
 import pytest
 
@@ -123,6 +124,30 @@ def test_donated_step_needs_no_temporary_and_consumes_inputs():
   assert params["embedding"].is_deleted() and state[0].mu["embedding"].is_deleted()
   assert not grads["embedding"].is_deleted()
   assert new_params["embedding"].sharding.spec == SPECS["embedding"]
+
+
+def test_zero_lowers_the_updates_peak_per_device():
+  """Params replicated over data, Adam's state ZeRO'd over it: arguments and temporaries of the
+  compiled update per device below the same update's without ZeRO (the updates, gathered
+  before they were applied, took 1.25x the ZeRO'd state in temporaries: 6.68 against 6.29
+  MB), and the temporaries about one ZeRO'd moment (the new params' shards before they are
+  gathered)."""
+  mesh = partitioning.make_mesh({"data": 2, "model": 4})
+  params = {"a": jnp.ones((1024, 256)), "b": jnp.ones((256, 1024)), "c": jnp.ones((512, 512))}
+  shardings = partitioning.named_shardings(
+      mesh, {"a": P(None, "model"), "b": P("model", None), "c": P()})
+  peak, temporaries, state_per_device = {}, {}, {}
+  for zero in (None, "data"):
+    opt = shardopt.make_sharded_optimizer(shardopt.adam(1e-3), params, shardings,
+                                          shard_state_over=zero)
+    placed = jax.device_put(params, shardings)
+    state = opt.init(placed)
+    memory = opt.update.lower(placed, state, placed).compile().memory_analysis()
+    temporaries[zero] = memory.temp_size_in_bytes
+    peak[zero] = memory.argument_size_in_bytes + memory.temp_size_in_bytes
+    state_per_device[zero] = opt.plan.bytes_per_device
+  assert peak["data"] < peak[None]
+  assert temporaries["data"] < 0.51 * state_per_device["data"]
 
 
 def test_without_donation_inputs_survive():

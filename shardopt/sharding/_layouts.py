@@ -19,8 +19,10 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shardopt._src import state_structure
+from shardopt._src.tree_math import apply_updates
 
-__all__ = ["in_layout", "mesh_of", "typed", "under_mesh", "update_in_layout"]
+__all__ = ["apply_in_layout", "in_layout", "mesh_of", "typed", "under_mesh",
+           "update_in_layout"]
 
 
 def mesh_of(shardings):
@@ -94,6 +96,31 @@ def update_in_layout(tx, grads, state, params, update_shardings,
   sharding types (optax's own: a ``vdot`` or a matmul over a split
   dimension, an SVD) then runs on either kind of mesh.
   """
+  updates, new_state, _ = _updated(tx, grads, state, params, update_shardings,
+                                   param_shardings, **extra_args)
+  return in_layout(updates, param_shardings), new_state
+
+
+def apply_in_layout(tx, grads, state, params, update_shardings,
+                    param_shardings, **extra_args):
+  """``update_in_layout``'s update applied where it is computed: returns
+  ``(new_params, updates, new_state)``, the updates added to the params in
+  their update layout and the sum laid out in ``param_shardings`` (with
+  ZeRO one all-gather of the new params; gathering the updates first held a
+  full-size update beside the params: 1.25x the ZeRO'd Adam state in
+  temporaries, more than the step without ZeRO), the updates in the update
+  layout. Same values as ``apply_updates(params, updates)``."""
+  updates, new_state, moved = _updated(tx, grads, state, params,
+                                       update_shardings, param_shardings,
+                                       **extra_args)
+  return (in_layout(apply_updates(moved, updates), param_shardings), updates,
+          new_state)
+
+
+def _updated(tx, grads, state, params, update_shardings, param_shardings,
+             **extra_args):
+  """(updates and the params, both in the update layout, and the new state)
+  of ``update_in_layout``."""
   mesh = mesh_of(update_shardings)
   grads = in_layout(grads, update_shardings)
   moved = None if params is None else in_layout(params, update_shardings)
@@ -106,7 +133,7 @@ def update_in_layout(tx, grads, state, params, update_shardings,
       lambda g, s, p, a: tx.update(g, s, p, **a, **functions), mesh,
       lambda out: (_specs(update_shardings), _specs_by_path(out[1], state)))
   updates, new_state = update(grads, state, moved, arrays)
-  return in_layout(updates, param_shardings), new_state
+  return updates, new_state, moved
 
 
 def _on_auto_axes(fn, mesh, out_specs_of):

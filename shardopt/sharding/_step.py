@@ -12,7 +12,8 @@ receives the gradients and the params in their *update layout*
 (``StatePlan.update_shardings``: the params' shardings with the ZeRO axis on
 the dimension their state is split on), so its state, gradients and params
 agree inside every ``cond``, ``select`` or ``scan`` on Auto and on Explicit
-axes; the updates go back to the params' layout before they are applied. On
+axes; the updates are applied to the params in that layout and the new
+params go back to the params' own (``_layouts.apply_in_layout``). On
 Explicit axes ``tx.update`` itself runs with the axes Auto
 (``_layouts.update_in_layout``), so transformations written without sharding
 types (optax's own) run on either kind of mesh.
@@ -40,7 +41,6 @@ import jax
 
 from shardopt._src.base import GradientTransformationExtraArgs
 from shardopt._src.base import with_extra_args_support
-from shardopt._src.tree_math import apply_updates
 from shardopt.sharding._boundary import check_grads
 from shardopt.sharding._boundary import check_live
 from shardopt.sharding._boundary import explained_rejection
@@ -49,6 +49,7 @@ from shardopt.sharding._derivation import plan_state_shardings
 from shardopt.sharding._layouts import mesh_of
 from shardopt.sharding._layouts import typed
 from shardopt.sharding._layouts import under_mesh
+from shardopt.sharding._layouts import apply_in_layout
 from shardopt.sharding._layouts import update_in_layout
 from shardopt.sharding._memory import in_memory
 from shardopt.sharding._memory import to_device
@@ -195,10 +196,10 @@ def sharded_update(tx, param_shardings, state_shardings, *,
 
   def step(params, grads, state, arrays, callables):
     check_grads(grads, params)  # while tracing: once per signature
-    updates, new_state = update_in_layout(
+    new_params, _, new_state = apply_in_layout(
         tx, grads, to_device(state, state_shardings), params, layout,
         param_shardings, **arrays, **dict(callables))
-    return apply_updates(params, updates), to_home(new_state, state_shardings)
+    return new_params, to_home(new_state, state_shardings)
 
   return ShardedUpdate(jax.jit(
       under_mesh(step, mesh_of(param_shardings)),

@@ -3,7 +3,8 @@
 ``make_train_step(opt, loss_fn)`` compiles ``(params, state, batch[, key])
 -> (new_params, new_state, loss)``. Inside, the gradients are computed in
 the params' layout (the backward pass keeps it, as in the two-program step)
-and the update runs through ``update_in_layout``, like ``opt.update``.
+and the update runs and is applied through ``apply_in_layout``, like
+``opt.update``.
 
 * ``has_aux``: ``loss_fn`` returns ``(loss, aux)`` and the step returns
   ``(loss, aux)`` where the loss was, as ``jax.value_and_grad`` does (with
@@ -54,7 +55,6 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shardopt._src import base
-from shardopt._src.tree_math import apply_updates
 from shardopt._src.tree_math import global_norm
 from shardopt.sharding._batch import BatchLayout
 from shardopt.sharding._batch import batch_layout
@@ -63,7 +63,7 @@ from shardopt.sharding._boundary import explained_rejection
 from shardopt.sharding._layouts import in_layout
 from shardopt.sharding._layouts import mesh_of
 from shardopt.sharding._layouts import under_mesh
-from shardopt.sharding._layouts import update_in_layout
+from shardopt.sharding._layouts import apply_in_layout
 from shardopt.sharding._memory import to_device
 from shardopt.sharding._memory import to_home
 
@@ -243,11 +243,10 @@ def make_train_step(opt, loss_fn: Callable, *, has_aux: bool = False,
     value_fn = lambda p: value_of(p, batch, key)
     offered = {"value": loss, "grad": grads, "value_fn": value_fn,
                "obj_fn": value_fn}
-    updates, new_state = update_in_layout(
+    new_params, updates, new_state = apply_in_layout(
         tx, grads, to_device(state, opt.state_shardings), params,
         update_shardings, param_shardings,
         **{name: offered[name] for name in extra_args})
-    new_params = apply_updates(params, updates)
     new_state = to_home(new_state, opt.state_shardings)
     out = (new_params, new_state, (loss, aux) if has_aux else loss)
     if metrics is not None:
