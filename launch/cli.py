@@ -326,7 +326,19 @@ def several_processes(args: argparse.Namespace) -> bool:
   return bool(args.coordinator or args.auto_distributed or (args.num_processes or 1) > 1)
 
 
+def _check_coordinator(coordinator: str) -> None:
+  """--coordinator is HOST:PORT, the port a number from 1 to 65535."""
+  host, colon, port = coordinator.rpartition(":")
+  if not (colon and host.strip()):
+    raise UsageError(f"--coordinator {coordinator}: not HOST:PORT (process 0's address and a"
+                     " free port, e.g. 10.0.0.1:1234)")
+  if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+    raise UsageError(f"--coordinator {coordinator}: the port must be a number from 1 to 65535")
+
+
 def _check_processes(args: argparse.Namespace) -> None:
+  if args.coordinator is not None:
+    _check_coordinator(args.coordinator)
   if several_processes(args) and args.out is None:
     raise UsageError("a multi-process job needs --out (the same folder for every process)")
   if args.coordinator and (args.num_processes is None or args.process_id is None):

@@ -5,20 +5,25 @@
 starts ``python -m launch.train`` N times, each with K simulated CPU devices,
 ``--coordinator 127.0.0.1:PORT --num-processes N --process-id i`` (a free
 port), so ``jax.distributed.initialize`` joins them into one N*K-device job.
-Every output line is prefixed with its process index.
+Every output line is prefixed with its process index: the processes' stdout
+on the launcher's stdout, their stderr on its stderr.
 
-Failure handling: if a process exits non-zero (or is killed), the others get
+Failure handling: when a process exits non-zero (or is killed), the others get
 SIGTERM and, after ``--grace`` seconds, SIGKILL (a process stuck in a
-collective ignores SIGTERM); the launcher then exits with that process's code
-(128 + signal for a killed one). After ``--timeout`` seconds everything is
-stopped the same way and the exit code is 124. SIGTERM or Ctrl-C to the
-launcher is forwarded to every process as SIGTERM: the job saves a checkpoint
-and exits 0.
+collective ignores SIGTERM); the launcher then exits with the code of the
+first process to end so (128 + signal for a killed one). After ``--timeout``
+seconds everything is stopped the same way and the exit code is 124. SIGTERM,
+SIGINT (Ctrl-C) or SIGHUP to the launcher is forwarded to every process as
+SIGTERM: the job saves a checkpoint and exits 0. On Linux each process gets
+SIGKILL when the launcher dies, however it dies (its parent-death signal), so
+none is left behind. A usage error is one ``error: ...`` line on stderr, exit 2.
 """
 
 import argparse
 import contextlib
+import ctypes
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -31,6 +36,8 @@ from launch import run_folder
 
 __all__ = ["check_args", "free_port", "main", "parse_args", "process_commands", "run_processes"]
 
+_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # to every process as SIGTERM
+
 
 def free_port() -> int:
   """A TCP port on 127.0.0.1 that nothing listens on right now."""
@@ -39,10 +46,17 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
+def _write(out, text: str) -> None:
+  """Writes and flushes ``text``; an output that is gone (a terminal hung up) loses it but
+  neither stops the launcher nor leaves a process's pipe undrained."""
+  with contextlib.suppress(OSError):
+    out.write(text)
+    out.flush()
+
+
 def _pump(index: int, stream, out) -> None:
   for line in iter(stream.readline, ""):
-    out.write(f"[{index}] {line}")
-    out.flush()
+    _write(out, f"[{index}] {line}")
 
 
 def _exit_code(returncode: int) -> int:
@@ -64,52 +78,99 @@ def _stop(procs: list[subprocess.Popen], grace: float) -> None:
       p.wait()
 
 
-def run_processes(commands: list[list[str]], *, timeout: float, grace: float,
-                  out=sys.stdout) -> int:
-  """Runs the commands concurrently, prefixing output; returns the job's exit code."""
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _killed_with_launcher():
+  """A ``preexec_fn`` (None off Linux): the process gets SIGKILL when the launcher's thread
+  that started it ends, however (prctl PR_SET_PDEATHSIG, kept across exec); at once if the
+  launcher is already gone."""
+  if not sys.platform.startswith("linux"):
+    return None
+  prctl, launcher = ctypes.CDLL(None, use_errno=True).prctl, os.getpid()
+
+  def set_signal() -> None:
+    prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != launcher:
+      os.kill(os.getpid(), signal.SIGKILL)
+
+  return set_signal
+
+
+def _start(commands: list[list[str]]) -> list[subprocess.Popen]:
   # stdout and stderr on pipes of their own, each read by whole lines: C++
   # logging (gloo, XLA) on a shared pipe could split a line of the job's output.
-  procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True) for cmd in commands]
-  pumps = [threading.Thread(target=_pump, args=(i, stream, out), daemon=True)
-           for i, p in enumerate(procs) for stream in (p.stdout, p.stderr)]
-  for t in pumps:
+  return [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True, preexec_fn=_killed_with_launcher())
+          for cmd in commands]
+
+
+def _threads(procs, out, err, ended: queue.Queue) -> list[threading.Thread]:
+  """Started threads: a pump per output stream, and a waiter per process that puts (its
+  index, its return code) in ``ended`` when it exits, so ``ended`` holds them in exit order."""
+  threads = [threading.Thread(target=_pump, args=(i, stream, to), daemon=True)
+             for i, p in enumerate(procs) for stream, to in ((p.stdout, out), (p.stderr, err))]
+  threads += [threading.Thread(target=lambda i=i, p=p: ended.put((i, p.wait())), daemon=True)
+              for i, p in enumerate(procs)]
+  for t in threads:
     t.start()
-  interrupted = []
+  return threads
+
+
+def _watch(procs, ended: queue.Queue, interrupted: list, timeout: float, out) -> int:
+  """Waits for the job's outcome: 0 once every process exited 0, the code of the first to exit
+  otherwise, 124 after ``timeout`` s; forwards the signals in ``interrupted`` as SIGTERM."""
+  deadline, exited = time.monotonic() + timeout, 0
+  while True:
+    if interrupted:
+      _write(out, f"[launcher] {signal.Signals(interrupted[0]).name}: asking every process to"
+                  " stop (SIGTERM)\n")
+      for p in procs:
+        if p.poll() is None:
+          p.send_signal(signal.SIGTERM)
+      interrupted.clear()
+    try:
+      index, returncode = ended.get(timeout=0.1)
+    except queue.Empty:
+      if time.monotonic() > deadline:
+        _write(out, f"[launcher] timeout after {timeout:.0f} s: stopping every process\n")
+        return 124
+      continue
+    if returncode != 0:
+      _write(out, f"[launcher] process {index} exited with {returncode}: stopping the others\n")
+      return _exit_code(returncode)
+    exited += 1
+    if exited == len(procs):
+      return 0
+
+
+def run_processes(commands: list[list[str]], *, timeout: float, grace: float,
+                  out=sys.stdout, err=sys.stderr) -> int:
+  """Runs the commands concurrently, prefixing their stdout on ``out``, their stderr on
+  ``err``; returns the job's exit code."""
+  procs, ended, interrupted = _start(commands), queue.Queue(), []
+  threads = _threads(procs, out, err, ended)
   forward = lambda signum, frame: interrupted.append(signum)
-  previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
-  deadline, code = time.monotonic() + timeout, None
+  previous = {s: signal.signal(s, forward) for s in _FORWARDED}
   try:
-    while code is None:
-      if interrupted:
-        out.write(f"[launcher] signal {interrupted[0]}: asking every process to stop\n")
-        for p in procs:
-          if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-        interrupted.clear()
-      failed = [p for p in procs if p.poll() not in (None, 0)]
-      if failed:
-        code = _exit_code(failed[0].returncode)
-        out.write(f"[launcher] process {procs.index(failed[0])} exited with"
-                  f" {failed[0].returncode}: stopping the others\n")
-      elif all(p.poll() == 0 for p in procs):
-        code = 0
-      elif time.monotonic() > deadline:
-        code = 124
-        out.write(f"[launcher] timeout after {timeout:.0f} s: stopping every process\n")
-      else:
-        time.sleep(0.1)
+    return _watch(procs, ended, interrupted, timeout, out)
   finally:
     _stop(procs, grace)
     for s, handler in previous.items():
       signal.signal(s, handler)
-    for t in pumps:
+    for t in threads:
       t.join(timeout=2)
-  return code
+
+
+class _Parser(argparse.ArgumentParser):
+  """argparse whose errors are a UsageError (one line), not usage text and exit."""
+
+  def error(self, message):
+    raise cli.UsageError(f"{message} (see python -m launch.local_multihost --help)")
 
 
 def _parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(
+  p = _Parser(
       prog="python -m launch.local_multihost",
       description="Run python -m launch.train (or --module) as N local processes"
       " joined by jax.distributed. Arguments after -- go to every process.",
@@ -173,14 +234,16 @@ def check_args(args: argparse.Namespace) -> None:
                            ("--port", args.port, 0), ("--heartbeat-timeout", args.heartbeat_timeout, 1)):
     if value < low:
       raise cli.UsageError(f"{flag} {value}: must be at least {low}")
+  if args.port > 65535:
+    raise cli.UsageError(f"--port {args.port}: must be at most 65535")
   for flag, value in (("--timeout", args.timeout), ("--grace", args.grace)):
     if not value > 0:
       raise cli.UsageError(f"{flag} {value}: must be a number of seconds > 0")
 
 
 def main(argv=None) -> int:
-  args = parse_args(argv)
   try:
+    args = parse_args(argv)
     check_args(args)
     commands = process_commands(args, args.port or free_port())
   except cli.UsageError as e:

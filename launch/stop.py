@@ -6,7 +6,9 @@ folder and ``agreed()`` before each step (every process stops at the same
 step). A second signal writes one line saying what it leaves behind, runs the
 ``on_abort`` actions (releasing the run folder's lock) and ends the process
 with 128 + the signal number, without waiting for a save in flight.
-jax is imported only by ``agreed`` with several processes.
+jax is imported only by ``agreed``. jax's preemption service, which
+``jax.distributed.initialize`` starts by default, installs a C++ SIGTERM
+handler in place of this one: launch/job.py turns it off before joining.
 """
 
 import os
@@ -18,10 +20,14 @@ _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class StopRequest:
-  """Remembers SIGTERM/SIGINT; ``agreed()`` is True on every process once any got one."""
+  """Remembers SIGTERM/SIGINT; ``agreed()`` is True on every process once any got one.
+
+  ``signum``: this process's first signal; ``stopped_by``: the signal the processes agreed to
+  stop on (another process's where this one got none), None until ``agreed()`` says so."""
 
   def __init__(self):
     self.signum = None
+    self.stopped_by = None
     self._on_abort = []
     self._previous = {s: signal.signal(s, self._handle) for s in _SIGNALS}
 
@@ -50,14 +56,17 @@ class StopRequest:
     os._exit(128 + signum)
 
   def agreed(self) -> bool:
-    """Whether any process got a signal (a collective with several processes)."""
+    """Whether any process got a signal (a collective with several processes); sets
+    ``stopped_by`` to the signal of the first process (by index) that got one."""
     import jax  # pylint: disable=import-outside-toplevel
     import numpy as np  # pylint: disable=import-outside-toplevel
-    mine = np.array(self.requested)
-    if jax.process_count() == 1:
-      return bool(mine)
-    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
-    return bool(np.any(multihost_utils.process_allgather(mine)))
+    signals = np.array([self.signum or 0], np.int32)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+      signals = np.reshape(multihost_utils.process_allgather(signals), -1)
+    got = [int(s) for s in signals if s]
+    self.stopped_by = got[0] if got else None
+    return bool(got)
 
   def restore(self) -> None:
     """Puts back the handlers found at construction."""

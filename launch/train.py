@@ -10,6 +10,7 @@ docs/failure-modes.md explains them). Library log lines go to OUT/job.log, not
 the terminal.
 """
 
+import os
 import sys
 import traceback
 
@@ -75,5 +76,18 @@ def main(argv=None) -> int:
     stop.restore()
 
 
+def _leave(code: int) -> None:
+  """Ends the process with ``code``. A process of a multi-process job that failed ends at once
+  (os._exit): at a normal exit jax waits in a shutdown barrier for every process, up to 300 s,
+  while the others may wait for this one in a collective; theirs fails when it is gone."""
+  if code != EXIT_DONE and "jax" in sys.modules:  # else no process was joined
+    import jax  # pylint: disable=import-outside-toplevel
+    if jax.distributed.is_initialized():
+      sys.stdout.flush()
+      sys.stderr.flush()
+      os._exit(code)
+  sys.exit(code)
+
+
 if __name__ == "__main__":
-  sys.exit(main())
+  _leave(main())

@@ -173,6 +173,15 @@ ARGUMENT_CASES = [  # (id, arguments, what the message must name)
       "give one of them"]),
     ("optimizer_needing_what_no_flag_gives", ["--optimizer", "schedule_free"],
      ["--optimizer schedule_free", "base_optimizer", "not a number"]),
+    ("coordinator_not_host_port", ["--out", "run", "--coordinator", "nonsense",
+                                   "--num-processes", "2", "--process-id", "0"],
+     ["--coordinator nonsense: not HOST:PORT"]),
+    ("coordinator_port_not_a_number", ["--out", "run", "--coordinator", "127.0.0.1:abc",
+                                       "--num-processes", "2", "--process-id", "0"],
+     ["--coordinator 127.0.0.1:abc: the port must be a number from 1 to 65535"]),
+    ("coordinator_port_out_of_range", ["--out", "run", "--coordinator", "127.0.0.1:70000",
+                                       "--num-processes", "2", "--process-id", "0"],
+     ["--coordinator 127.0.0.1:70000: the port must be a number from 1 to 65535"]),
     ("optimizer_the_job_cannot_train", ["--optimizer", "dpsgd", "--opt", "l2_norm_clip=1",
                                         "--opt", "noise_multiplier=0.1", "--opt", "seed=0"],
      ["--optimizer dpsgd: cannot train in this job", "gradient of each example"]),
@@ -364,6 +373,59 @@ def test_launcher_with_no_processes(tmp_path, processes):
   result = job(tmp_path, "--processes", processes, "--", *h.TINY, module="launch.local_multihost",
                cwd=work)
   usage_error(result, f"--processes {processes}", "at least 1")
+  assert list(work.iterdir()) == []
+
+
+@pytest.mark.parametrize("args,culprits", [
+    (["--processes", "abc"], ["argument --processes: invalid int value: 'abc'",
+                              "(see python -m launch.local_multihost --help)"]),
+    (["--steps", "5"], ["unrecognized arguments: --steps",
+                        "(see python -m launch.local_multihost --help)"]),
+    (["--port", "70000"], ["--port 70000: must be at most 65535"]),
+], ids=["processes_not_a_number", "a_job_flag_before_the_dashes", "port_out_of_range"])
+def test_launcher_usage_error_is_one_line(tmp_path, args, culprits):
+  """argparse printed the launcher's usage text (7 lines); --port 70000 was accepted."""
+  work = tmp_path / "work"
+  work.mkdir()
+  result = job(tmp_path, *args, "--", *h.TINY, module="launch.local_multihost", cwd=work)
+  usage_error(result, *culprits)
+  assert list(work.iterdir()) == []
+
+
+def test_launcher_passes_the_processes_stderr_to_its_stderr(tmp_path):
+  """A job's error line reached the launcher's stdout, its stderr left empty."""
+  work = tmp_path / "work"
+  work.mkdir()
+  result = job(tmp_path, "--", *h.TINY, "--lr", "-1", module="launch.local_multihost",
+               cwd=work)
+  assert result.code == 2, result.err
+  lines = result.err.strip().splitlines()
+  assert "[0] error: --lr -1.0: must be a finite number > 0" in lines, result.err
+  assert all(line.startswith(("[0] ", "[1] ")) for line in lines), result.err
+  assert "error:" not in result.out
+  assert list(work.iterdir()) == []
+
+
+@pytest.mark.parametrize("process_id", ["0", "1"])
+def test_a_peer_that_never_joins(tmp_path, process_id):
+  """Process 0 alone, or process 1 with no process 0: jax aborted after --init-timeout with a
+  C++ check failure and its stack (exit 134); now one line naming what did not join."""
+  from launch import local_multihost
+  port = local_multihost.free_port()
+  work = tmp_path / "work"
+  work.mkdir()
+  started = time.monotonic()
+  result = job(tmp_path, *h.TINY, "--out", "run", "--coordinator", f"127.0.0.1:{port}",
+               "--num-processes", "2", "--process-id", process_id, "--init-timeout", "5",
+               cwd=work)
+  took = time.monotonic() - started
+  assert result.code == cli.EXIT_ERROR, (result.code, result.err[-2000:])
+  lines = result.err.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: "), result.err[-2000:]
+  assert f"127.0.0.1:{port}" in lines[0] and "--init-timeout 5" in lines[0], lines[0]
+  assert ("nothing listens there" if process_id == "1" else
+          "not all of the 2 processes (--num-processes 2) joined") in lines[0], lines[0]
+  assert took < 30, took
   assert list(work.iterdir()) == []
 
 

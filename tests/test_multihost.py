@@ -6,10 +6,13 @@ add in another order; 1 to 2 ulp measured, 2 at step 3 of the adam job), a
 checkpoint written by 2 processes resumed by 1, and
 the launcher stopping a job whose process was killed with SIGKILL, then a
 --resume from the last complete checkpoint. gloo's connection lines
-("[Gloo] Rank ...") do not reach the output.
+("[Gloo] Rank ...") do not reach the output. Stopping: a signal to the launcher
+or to one process, the launcher's --timeout, the launcher killed, a process
+failing with an error (each bounded in time, no process left behind).
 """
 
 import os
+import pathlib
 import re
 import signal
 import time
@@ -112,3 +115,131 @@ def _is_zombie_or_gone(pid: int) -> bool:
     return open(f"/proc/{pid}/stat").read().split()[2] in "ZX"
   except FileNotFoundError:
     return True
+
+
+
+def _children(launcher_pid: int) -> list[int]:
+  return [int(pid) for pid in
+          open(f"/proc/{launcher_pid}/task/{launcher_pid}/children").read().split()]
+
+
+def _wait_gone(pids: list[int], timeout: float) -> float:
+  """Seconds until every process of ``pids`` ended (gone or a zombie); fails after ``timeout``,
+  killing by PID what is left."""
+  start = time.monotonic()
+  while not all(_is_zombie_or_gone(pid) for pid in pids):
+    if time.monotonic() - start > timeout:
+      left = [pid for pid in pids if not _is_zombie_or_gone(pid)]
+      for pid in left:
+        os.kill(pid, signal.SIGKILL)
+      raise AssertionError(f"processes {left} still alive {timeout} s later (killed now)")
+    time.sleep(0.05)
+  return time.monotonic() - start
+
+
+def _start_training(tmp_path, *args):
+  """(the launcher of a long 2-process run, its processes, the run folder, the log) once 3
+  steps are logged."""
+  out, log = tmp_path / "mh", tmp_path / "log"
+  launcher = h.start([*LAUNCH, *h.TINY, "--steps", "2000", *args, "--out", str(out)], log)
+  try:
+    h.wait_for_steps(out, 3, launcher, timeout=150)
+  except BaseException:
+    h.stop(launcher)
+    raise
+  return launcher, _children(launcher.pid), out, log
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_signal_to_the_launcher_stops_every_process_at_one_step_and_saves(tmp_path, signum):
+  """jax's preemption service took SIGTERM from the job's handler, so the job trained on to
+  --steps; SIGHUP ended the launcher and left both processes. The launcher passes each on as
+  SIGTERM: every process stops at the same step a few after the signal, saves it, exits 0."""
+  launcher, children, out, log = _start_training(tmp_path, "--checkpoint-every", "1000")
+  try:
+    seen = len(h.losses(out))
+    launcher.send_signal(signum)
+    start = time.monotonic()
+    code = launcher.wait(timeout=60)
+    took = time.monotonic() - start
+  finally:
+    h.stop(launcher)
+    _wait_gone(children, 10)
+  text, stopped = log.read_text(), len(h.losses(out))
+  assert code == 0, (code, text[-1500:], pathlib.Path(f"{log}.stderr").read_text()[-1500:])
+  assert f"[0] stopped by signal 15 after step {stopped}; checkpoint saved" in text
+  assert seen <= stopped <= seen + 5, (seen, stopped)
+  assert h.checkpoint_steps(out / "checkpoints") == [stopped]  # written by both processes
+  assert not (out / "run.lock").exists()
+  print(f"{signal.Signals(signum).name}: stopped at step {stopped} (signal after step {seen}),"
+        f" the launcher exited {took:.1f} s after it")
+
+
+def test_killing_the_launcher_ends_every_process(tmp_path):
+  """SIGKILL to the launcher left both processes running (then stuck ~300 s holding the run
+  folder's lock): their parent-death signal is SIGKILL."""
+  launcher, children, _, _ = _start_training(tmp_path)
+  try:
+    launcher.kill()
+    launcher.wait()
+    took = _wait_gone(children, 10)
+  finally:
+    h.stop(launcher)
+  print(f"both processes ended {took:.2f} s after the launcher was killed")
+
+
+def test_a_process_failing_with_an_error_stops_the_job_within_seconds(tmp_path):
+  """Process 0's write of samples.jsonl fails (exit 4): it waited in jax's shutdown barrier
+  while process 1 waited in the next collective, both aborted 300 s later and the launcher
+  exited 134. Now it leaves without the barrier and process 1's collective fails at once."""
+  launcher, children, out, log = _start_training(tmp_path, "--checkpoint-every", "2",
+                                                 "--sample-every", "8")
+  try:
+    (out / "samples.jsonl").mkdir()  # the sample of step 8 cannot be written
+    start = time.monotonic()
+    code = launcher.wait(timeout=90)
+    took = time.monotonic() - start
+  finally:
+    h.stop(launcher)
+    _wait_gone(children, 10)
+  err = pathlib.Path(f"{log}.stderr").read_text()
+  assert code == 4, (code, err[-2000:])
+  assert "[launcher] process 0 exited with 4: stopping the others" in log.read_text()
+  assert re.search(r"^\[0\] error: .*samples\.jsonl", err, re.M), err[-2000:]
+  print(f"the launcher exited {took:.1f} s after samples.jsonl was made a folder (at step"
+        f" {len(h.losses(out))}; the sample is due at step 8)")
+
+
+def test_the_launchers_timeout_stops_every_process_cleanly(tmp_path):
+  """--timeout sends SIGTERM, which the processes ignored (jax's preemption service) until
+  SIGKILL --grace seconds later: the save in flight lost, run.lock left. Now they stop, save,
+  exit 0 within the grace; the launcher exits 124."""
+  out, log = tmp_path / "mh", tmp_path / "log"
+  launch = [arg if arg != "240" else "30" for arg in LAUNCH]  # --timeout 30
+  launcher = h.start([*launch, *h.TINY, "--steps", "100000", "--checkpoint-every", "50000",
+                      "--out", str(out)], log)
+  try:
+    code = launcher.wait(timeout=90)
+  finally:
+    h.stop(launcher)
+  text, stopped = log.read_text(), len(h.losses(out))
+  assert code == 124, (code, text[-1500:])
+  assert f"[0] stopped by signal 15 after step {stopped}; checkpoint saved" in text, text[-1500:]
+  assert h.checkpoint_steps(out / "checkpoints") == [stopped]
+  assert not (out / "run.lock").exists()
+
+
+def test_sigterm_to_one_process_stops_every_process_and_says_so(tmp_path):
+  """SIGTERM to process 1 alone: every process stops after the same step and saves it; process
+  0, which got no signal, said `done: N steps` where N was far below --steps."""
+  launcher, children, out, log = _start_training(tmp_path, "--checkpoint-every", "1000")
+  try:
+    os.kill(_child_with_process_id(launcher.pid, 1), signal.SIGTERM)
+    code = launcher.wait(timeout=60)
+  finally:
+    h.stop(launcher)
+    _wait_gone(children, 10)
+  text, stopped = log.read_text(), len(h.losses(out))
+  assert code == 0, (code, text[-1500:])
+  assert f"[0] stopped by signal 15 after step {stopped}; checkpoint saved" in text, text[-1500:]
+  assert h.checkpoint_steps(out / "checkpoints") == [stopped]
