@@ -128,6 +128,17 @@ def test_the_prefix_match_does_not_take_a_chains_parts_for_params_of_one_shape()
                     for i in range(2)} | {f"[1].trace[{i}]": f"[{i}]" for i in range(2)}
 
 
+def test_the_prefix_match_keeps_per_param_states_shaped_like_the_params():
+  """SM3 under masked(fn) on a list of two params of one shape (no stand-in trace): each
+  param's covers are a list of 2, the params' structure, and stay its own."""
+  params = [_sds(W), _sds(W)]
+  tx = shardopt.masked(shardopt.scale_by_sm3(), lambda p: [x.ndim == 2 for x in p])
+  plan = _plan(tx, params, shard_state_over="data")
+  owners = {l.path: l.param for l in plan.leaves if l.shape}
+  assert owners == {f".inner_state.mu[{i}][{j}]": f"[{i}]" for i in range(2)
+                    for j in range(2)} | {f".inner_state.nu[{i}]": f"[{i}]" for i in range(2)}
+
+
 def test_min_shard_bytes_decides_what_zero_touches():
   params = {"w": _sds(W), "b": _sds((16,))}  # 8 KiB and 64 bytes
   tx = shardopt.adam(0.1)

@@ -17,9 +17,11 @@ subtree belongs to the params when the params' tree structure is a prefix of
 it and every leaf it gives a param has a shape derived from that param's
 (the same, ``(m, *param)``, or the param with dimensions reduced). A node
 that has the params' structure by accident (tuple params ``(w, b)`` and a
-two-element ``chain`` state) fails the shape test and is searched further
-down; the shape test cannot tell apart two params of one shape, which is why
-this match is only the fallback.
+two-element ``chain`` state) fails the shape test, or, where the params have
+one shape, holds a tree of the params' structure inside a part (Adam's
+``mu`` in a chain's part), and is searched further down. Two params of one
+shape whose states hold no such tree are still told apart by position only,
+which is why this match is only the fallback.
 """
 
 import itertools
@@ -130,16 +132,16 @@ def _derives(leaf, param_shape) -> bool:
 
 
 def _holds_params_tree(tree, params_def) -> bool:
-  """Whether ``tree`` or a node in it has the params' structure: a state
-  holding a tree per params (a chain's part, Adam's ``mu``), not one param's
-  state, whatever the shapes (two params of one shape matched the chain's
-  parts by prefix)."""
-  if jax.tree.structure(tree) == params_def:
-    return True
+  """Whether a node strictly inside ``tree`` has the params' structure: a
+  state holding a tree per params (a chain's part holding Adam's ``mu``),
+  not one param's state, whatever the shapes (two params of one shape
+  matched the chain's parts by prefix). ``tree`` itself may have it (SM3's
+  covers of one param, a list like the params)."""
   children = jax.tree.leaves(tree, is_leaf=lambda x: x is not tree)
   if len(children) == 1 and children[0] is tree:  # an array leaf
     return False
-  return any(_holds_params_tree(child, params_def) for child in children)
+  return any(jax.tree.structure(child) == params_def or
+             _holds_params_tree(child, params_def) for child in children)
 
 
 def _owners_by_prefix(state, params_def, params_shapes) -> list[int | None]:
