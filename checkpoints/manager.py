@@ -194,12 +194,13 @@ class CheckpointManager:
     if self.read_only:
       raise CheckpointError(f"CheckpointManager({self.directory}, read_only=True) cannot save.")
     step = _checked_step(step)
+    latest = self.latest_step()
+    if not force and latest is not None and step <= latest:
+      warnings.warn(f"CheckpointManager({self.directory}).save({step}) skipped: not above the"
+                    f" largest step saved, {latest}; pass force=True to write it (restore"
+                    " reads the largest step by default)", stacklevel=2)
+      return False
     if not force and not self._mngr.should_save(step):
-      latest = self.latest_step()
-      if latest is not None and step <= latest:
-        warnings.warn(f"CheckpointManager({self.directory}).save({step}) skipped: not above the"
-                      f" largest step saved, {latest}; pass force=True to write it (restore"
-                      " reads the largest step by default)", stacklevel=2)
       return False
     metadata = _json(metadata or {}, "metadata")
     if metrics is not None:

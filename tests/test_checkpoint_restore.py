@@ -296,6 +296,8 @@ def test_latest_step_is_the_step_restore_reads_and_a_save_below_it_says_so(tmp_p
                       r" saved, 200; pass force=True"):
       assert not mngr.save(150, {"a": jnp.full(2, 150.0)})
     assert mngr.save(150, {"a": jnp.full(2, 150.0)}, force=True)
+    with pytest.warns(UserWarning, match=r"save\(175\) skipped: not above the largest step"):
+      assert not mngr.save(175, {"a": jnp.full(2, 175.0)})  # above 150, the last written
     mngr.wait_until_finished()
     assert mngr.latest_step() == mngr.restore(target).step == 200
   with ck.CheckpointManager(tmp_path) as mngr:
