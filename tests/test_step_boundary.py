@@ -40,7 +40,8 @@ def test_grads_of_another_dtype_are_rejected_naming_the_param(dtype):
     (jnp.int32, "an integer or boolean gradient is not a gradient"),
     (jnp.float16, "float16 and bfloat16 differ in range and precision"),
     (jnp.float8_e4m3fn, "a lower-precision one would silently lose precision"),
-    (jnp.float32, "the step keeps the params' dtypes in the state and the updates")])
+    (jnp.float32, "the step keeps the params' dtypes in the state and the updates"),
+    (jnp.complex64, "a complex gradient of a real param, or a real one of a complex param")])
 def test_the_reason_a_grad_dtype_is_refused_fits_it(grad_dtype, why):
   """bfloat16 params: an integer, a narrower, another 16-bit and a wider gradient each get
   their own reason."""

@@ -81,6 +81,9 @@ def _why_same_dtype(grad, param) -> str:
     return "an integer or boolean gradient is not a gradient"
   if not jnp.issubdtype(param.dtype, jnp.inexact):
     return "the step takes no gradient of another dtype for a param that is not floating"
+  if (jnp.issubdtype(grad.dtype, jnp.complexfloating) !=
+      jnp.issubdtype(param.dtype, jnp.complexfloating)):
+    return "a complex gradient of a real param, or a real one of a complex param, is not its gradient"
   grad_bits, param_bits = jnp.finfo(grad.dtype).bits, jnp.finfo(param.dtype).bits
   if grad_bits < param_bits:
     return "a lower-precision one would silently lose precision in the update"
