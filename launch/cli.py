@@ -300,7 +300,7 @@ def _check_numbers(args: argparse.Namespace) -> None:
       raise UsageError(f"{_flag(name)} {value}: must be at least {low}")
   for name, (high, why) in _AT_MOST.items():
     value = getattr(args, name)
-    if value is not None and value > high:
+    if value is not None and math.isfinite(value) and value > high:  # inf: below
       raise UsageError(f"{_flag(name)} {value}: must be at most {high} ({why})")
   for name in ("lr", "peak_tflops"):
     value = getattr(args, name)

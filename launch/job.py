@@ -157,8 +157,7 @@ def _planned_step(args, model, abstract):
   opt = _sharded_optimizer(args, abstract)
   abstract_state = partitioning.abstract_params(jax.eval_shape(opt.init, abstract),
                                                 opt.state_shardings)
-  step_fn = steps.train_step(opt, lambda p, tokens: next_token_loss(model, p, tokens),
-                             update_arguments(args.optimizer))
+  step_fn = _step_for(args, opt, model)
   steps.trace(step_fn, abstract, abstract_state, (args.batch, args.seq_len))
   return opt, abstract_state, step_fn
 
@@ -169,8 +168,12 @@ def _counted_step(args, opt, model):
   otherwise None, the step itself."""
   if not args.scan_layers:
     return None
-  unrolled = Transformer(dataclasses.replace(model.cfg, unroll_scan=True))
-  return steps.train_step(opt, lambda p, tokens: next_token_loss(unrolled, p, tokens),
+  return _step_for(args, opt, Transformer(dataclasses.replace(model.cfg, unroll_scan=True)))
+
+
+def _step_for(args, opt, model):
+  """The job's training step (``steps.train_step``) of ``model`` with ``opt``."""
+  return steps.train_step(opt, lambda p, tokens: next_token_loss(model, p, tokens),
                           update_arguments(args.optimizer))
 
 

@@ -3,8 +3,11 @@
 FLOPs per step are XLA's cost analysis of the step as lowered, before it is
 partitioned: the whole mesh's computation, each FLOP counted once (a
 compiled device program also counts what devices repeat on replicated
-values). XLA counts a loop's body once, so a model whose layers run under a
-scan is counted from a lowering with its layers written out (``counted``).
+values), except computation a transformation partitions itself
+(``shard_map``, custom partitioning: Shampoo's and SOAP's blocks), which is
+counted for one device. XLA counts a loop's body once, so a model whose
+layers run under a scan is counted from a lowering with its layers written
+out (``counted``).
 MFU is those FLOPs per second of step time over the mesh's peak:
 
 - on accelerators, the vendor's dense bfloat16 peak per device (``PEAKS``,

@@ -105,7 +105,7 @@ ARGUMENT_CASES = [  # (id, arguments, what the message must name)
     ("lr_nan", ["--lr", "nan"], ["--lr nan"]),
     ("lr_negative", ["--lr", "-1"], ["--lr -1"]),
     ("lr_zero", ["--lr", "0"], ["--lr 0"]),
-    ("lr_inf", ["--lr", "inf"], ["--lr inf"]),
+    ("lr_inf", ["--lr", "inf"], ["--lr inf", "must be a finite number > 0"]),
     ("lr_beyond_float32", ["--lr", "1e300"], ["--lr 1e+300", "the largest float32"]),
     ("lr_not_a_number", ["--lr", "fast"], ["--lr", "fast"]),
     ("steps_zero", ["--steps", "0"], ["--steps 0"]),
