@@ -317,7 +317,7 @@ def _train(args, mesh, step_fn, evaluation, initial, manager, guard, config, sto
                            peak, report.Progress(args.steps, args.log_every, quiet=not is_main),
                            guard, start, is_main)
   profile = ProfileWindow(cli.step_range(args.profile_steps) if args.profile_steps else None,
-                          out, _say)
+                          out if is_main else out / f"process-{jax.process_index()}", _say)
   step, saved, sampled, pending = start, start, None, []
   window = throughput.Window()
   try:
@@ -418,11 +418,13 @@ def _run(args: argparse.Namespace, stop: StopRequest, held: contextlib.ExitStack
   opt, abstract_state, step_fn = blame_values(  # every value checked before the run folder
       args, lambda given: _planned_step(given, model, abstract))
   evaluation = _HeldOut(args, mesh, model, opt.param_shardings, held_out)
+  # Whether the run folder is new, seen by every process before the collective in agreed():
+  # after it another process may have created the folder already.
+  created, failure = args.out is None or not os.path.exists(args.out), None
   if stop.agreed():
     _say(f"stopped by signal {stop.signum or 'on another process'} before the run started:"
          " nothing was created")
     return 0
-  created, failure = args.out is None or not os.path.exists(args.out), None
   try:
     resumed, note = run_folder.prepare(args, is_main=jax.process_index() == 0, held=held, say=_say)
   except cli.UsageError as e:

@@ -30,7 +30,7 @@ class ProfileWindow:
   def before(self, step: int) -> None:
     """Call before dispatching ``step`` (counted from 1)."""
     if self._waiting and step > self._steps[1]:
-      self._missed(f"this invocation starts at step {step}")
+      self._missed(f"this invocation starts at step {step}, after the window")
     elif self._waiting and step >= self._steps[0]:
       jax.profiler.start_trace(str(self._out), create_perfetto_trace=True)
       self._waiting, self._active, self._first = False, True, step
@@ -45,7 +45,7 @@ class ProfileWindow:
     """Stops a trace still running (the run ended before the window did), or warns that the
     window held no step of this invocation, which ended at ``step``."""
     if self._waiting:
-      self._missed(f"this invocation ended at step {step}")
+      self._missed(f"this invocation ended at step {step} and trained no step of the window")
     if not self._active:
       return
     jax.profiler.stop_trace()
@@ -56,5 +56,5 @@ class ProfileWindow:
 
   def _missed(self, where: str) -> None:
     first, last = self._steps
-    self._say(f"warning: --profile-steps {first}:{last}: {where}, outside the window: no trace")
+    self._say(f"warning: --profile-steps {first}:{last}: {where}: no trace")
     self._waiting = False

@@ -140,7 +140,7 @@ def to_toml(args: argparse.Namespace) -> str:
   for name, value in flags_of(args).items():
     if name in args.derived:
       resolved, why = args.derived[name]
-      lines.append(f"# {name} = {_toml_value(resolved)}  ({why})")
+      lines.append(f"# {name} = {_toml_value(resolved)}  # {why}")
     elif value is None or (name == "opt" and not value):
       continue
     elif name == "opt":

@@ -209,8 +209,8 @@ def test_a_printed_config_starts_the_run_of_the_command_that_printed_it(tmp_path
   flags_ = ["--steps", "1000", "--optimizer", "muon", "--print-config"]
   with_file = job(tmp_path, "--config", str(tmp_path / "d.toml"), *flags_)
   assert with_file.code == 0 and with_file.out == job(tmp_path, *flags_).out, with_file.err
-  assert "# lr = 0.03  (muon's default)" in with_file.out.splitlines()
-  assert "# schedule_steps = 1000  (--steps)" in with_file.out.splitlines()
+  assert "# lr = 0.03  # muon's default" in with_file.out.splitlines()
+  assert "# schedule_steps = 1000  # --steps" in with_file.out.splitlines()
 
 
 def test_debug_shows_the_traceback(tmp_path):
@@ -744,7 +744,7 @@ def test_a_resume_entering_the_profile_window_partway_traces_from_its_first_step
   result = job(tmp_path, *RUN, "--steps", "7", "--resume", "--out", str(run),
                "--profile-steps", "2:3")
   assert result.code == 0, result.err[-2000:]
-  assert ("warning: --profile-steps 2:3: this invocation starts at step 7, outside the window:"
+  assert ("warning: --profile-steps 2:3: this invocation starts at step 7, after the window:"
           " no trace") in result.out.splitlines()
   assert list((run / "plugins" / "profile").glob("*/*.xplane.pb")) == traces
 

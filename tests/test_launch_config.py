@@ -52,12 +52,23 @@ def test_a_printed_config_with_a_shortened_default_warmup_reads_back(tmp_path, c
   """--steps 10 shortens the default warmup 20 to 9: the file says so in a comment and does
   not pin 20, which read back as given would be refused (below the horizon 10)."""
   toml = _printed_config(capsys, "--steps", "10")
-  assert "# warmup_steps = 9  (the default 20, at most the schedule's horizon - 1)" in toml
-  assert "# schedule_steps = 10  (--steps)" in toml.splitlines()
+  assert "# warmup_steps = 9  # the default 20, at most the schedule's horizon - 1" in toml
+  assert "# schedule_steps = 10  # --steps" in toml.splitlines()
   path = _written(tmp_path, "c.toml", toml)
   assert _printed_config(capsys, "--config", path) == toml
   assert run_config.flags_of(flags.resolve(["--config", path])) == run_config.flags_of(
       flags.resolve(["--steps", "10"]))
+
+
+def test_a_derived_line_uncommented_pins_its_value(tmp_path, capsys):
+  """Each derived line is a comment whose reason is a comment of its own: with its first '# '
+  removed it reads as the flag given (it was invalid TOML: the reason was in parentheses)."""
+  toml = _printed_config(capsys, "--steps", "10")
+  pinned = "\n".join(line[2:] if line.startswith(("# lr = ", "# warmup_steps = ")) else line
+                     for line in toml.splitlines())
+  args = flags.resolve(["--config", _written(tmp_path, "u.toml", pinned)])
+  assert (args.lr, args.warmup_steps) == (0.01, 9)
+  assert "lr" not in args.derived and "warmup_steps" not in args.derived
 
 
 @pytest.mark.parametrize("argv", [
@@ -71,8 +82,8 @@ def test_flags_given_with_a_printed_config_derive_what_depends_on_them(tmp_path,
   next to the file derive --lr, --schedule, --schedule-steps, --warmup-steps and
   --correction-bits as they would on the command line alone."""
   toml = _printed_config(capsys, "--param-dtype", "bfloat16")
-  assert "# lr = 0.01  (adamw's default)" in toml.splitlines()
-  assert "# correction_bits = 8  (the default with --param-dtype bfloat16)" in toml.splitlines()
+  assert "# lr = 0.01  # adamw's default" in toml.splitlines()
+  assert "# correction_bits = 8  # the default with --param-dtype bfloat16" in toml.splitlines()
   path = _written(tmp_path, "d.toml", toml)
   alone = ["--param-dtype", "bfloat16", *argv]
   assert run_config.flags_of(flags.resolve(["--config", path, *argv])) == run_config.flags_of(
@@ -231,7 +242,7 @@ def test_a_resumes_printed_config_reads_back_with_and_without_resume(tmp_path, c
   resume = ["--out", str(tmp_path / "run"), "--resume"]
   toml = _printed_config(capsys, *resume)
   lines = toml.splitlines()
-  assert "# warmup_steps = 5  (the run's saved 20, at most the schedule's horizon - 1)" in lines
+  assert "# warmup_steps = 5  # the run's saved 20, at most the schedule's horizon - 1" in lines
   assert "lr = 0.03" in lines and "schedule_steps = 6" in lines  # saved: pinned
   path = _written(tmp_path, "r.toml", toml)
   assert _printed_config(capsys, "--config", path, *resume) == toml
