@@ -61,17 +61,22 @@ def test_indices_and_their_order_match_optax():
     _assert_same_indices(_SOLVE(costs), theirs(costs))
 
 
-def test_base_keeps_optaxs_order_rows_increasing():
-  # optax's base_hungarian_algorithm is another algorithm: it may pick
-  # another of several optimal assignments on ties, so random costs only.
+def test_base_matches_optax_on_random_and_tied_costs():
+  # optax's base_hungarian_algorithm is Crouse's algorithm: on ties (integer
+  # costs of few values) it picks one of several optimal assignments, the
+  # same one here; rows increasing.
   theirs = jax.jit(optax.assignment.base_hungarian_algorithm)
-  for shape in [(5, 5), (3, 7), (7, 3)]:
-    for seed in range(4):
-      costs = jax.random.normal(jax.random.PRNGKey(seed), shape)
-      got = assignment.base_hungarian_algorithm(costs)
-      np.testing.assert_array_equal(got, theirs(costs))
-      _check(costs, *got)
-      assert np.all(np.diff(np.asarray(got[0])) > 0)
+  ours = jax.jit(assignment.base_hungarian_algorithm)
+  for costs in _problems():
+    got = ours(costs)
+    _assert_same_indices(got, theirs(costs))
+    _check(costs, *got)
+    assert np.all(np.diff(np.asarray(got[0])) > 0)
+  integer = jax.random.randint(jax.random.PRNGKey(7), (4, 6), 0, 2)
+  _assert_same_indices(ours(integer), theirs(integer))
+  batch = jax.random.randint(jax.random.PRNGKey(3), (5, 4, 6), 0, 3).astype(float)
+  _assert_same_indices(jax.vmap(ours)(batch), jax.jit(jax.vmap(
+      optax.assignment.base_hungarian_algorithm))(batch))
 
 
 def test_optaxs_docstring_examples():

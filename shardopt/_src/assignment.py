@@ -1,7 +1,9 @@
 """The linear assignment problem (optax's ``optax.assignment``): pair rows and
 columns of a cost matrix one to one, ``min(n, m)`` pairs, at the least total
 cost, by the Hungarian method with shortest augmenting paths; jittable and
-vmappable."""
+vmappable. Two algorithms, as optax keeps two: ``hungarian_algorithm``
+(Jonker & Volgenant's row-by-row form) and ``base_hungarian_algorithm``
+(Crouse's); where several assignments are optimal each picks optax's."""
 
 import jax
 from jax import lax
@@ -125,12 +127,78 @@ def hungarian_algorithm(cost_matrix: jax.Array) -> tuple[jax.Array, jax.Array]:
   return (col_of[short], short) if transposed else (short, col_of[short])
 
 
-def base_hungarian_algorithm(cost_matrix: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """An optimal assignment for an ``(n, m)`` cost matrix, in the order of
-  optax's ``base_hungarian_algorithm``: ``i`` increasing.
+def _shortest_path_search(costs, u, v, path, row4col, row):
+  """Crouse's search for an augmenting path from ``row`` (Dijkstra over the
+  reduced costs ``C - u - v``): returns ``(sink, lowest, seen_rows,
+  seen_cols, slack, path)``, ``sink`` the free column it ends at.
 
-  optax keeps a second algorithm under this name; here the assignment is
-  ``hungarian_algorithm``'s.
+  Unvisited columns are kept in ``remaining``, first scanned last to first;
+  a visited column's slot takes the last unvisited one. Of the columns at
+  the least slack, the last free one in that order is visited next, else
+  the first one (the tie rule of the paper's pseudocode, as optax's and
+  scipy's implementations break ties).
+  """
+  num_rows, num_cols = costs.shape
+  positions = jnp.arange(num_cols)
+
+  def visit(search):
+    remaining, left, slack, path, seen_rows, seen_cols, i, base, _ = search
+    seen_rows = seen_rows.at[i].set(True)
+    open_positions = positions < left
+    cols = jnp.where(open_positions, remaining, num_cols)  # num_cols: dropped
+    reduced = base + costs[i, remaining] - u[i] - v[remaining]
+    closer = reduced < slack[remaining]
+    path = path.at[cols].set(jnp.where(closer, i, path[remaining]), mode="drop")
+    slack = slack.at[cols].min(reduced, mode="drop")
+    at_position = jnp.where(open_positions, slack[remaining], jnp.inf)
+    lowest = jnp.min(at_position)
+    tied = open_positions & (at_position == lowest)
+    free = tied & (row4col[remaining] == -1)
+    last_free = num_cols - 1 - jnp.argmax(free[::-1])
+    index = jnp.where(free.any(), last_free, jnp.argmax(tied))
+    col = remaining[index]
+    is_free = row4col[col] == -1
+    sink = jnp.where(is_free, col, -1)
+    i = jnp.where(is_free, i, row4col[col])
+    seen_cols = seen_cols.at[col].set(True)
+    left = left - 1
+    remaining = remaining.at[index].set(remaining[left])
+    return remaining, left, slack, path, seen_rows, seen_cols, i, lowest, sink
+
+  search = (positions[::-1], num_cols, jnp.full(num_cols, jnp.inf, costs.dtype),
+            path, jnp.zeros(num_rows, bool), jnp.zeros(num_cols, bool), row,
+            jnp.zeros((), costs.dtype), -1)
+  _, _, slack, path, seen_rows, seen_cols, _, lowest, sink = lax.while_loop(
+      lambda s: s[-1] == -1, visit, search)
+  return sink, lowest, seen_rows, seen_cols, slack, path
+
+
+def _crouse_add_row(costs, state, row):
+  """Assigns ``row`` by ``_shortest_path_search``'s path, then updates the
+  dual potentials (rows ``u``, columns ``v``) as Crouse's pseudocode does."""
+  u, v, path, row4col, col4row = state
+  sink, lowest, seen_rows, seen_cols, slack, path = _shortest_path_search(
+      costs, u, v, path, row4col, row)
+  u = u.at[row].add(lowest)
+  others = seen_rows & (jnp.arange(costs.shape[0]) != row)
+  u = jnp.where(others, u + lowest - slack[col4row], u)
+  v = jnp.where(seen_cols, v + slack - lowest, v)
+
+  def flip(walk):  # assign each column on the path to the row before it
+    row4col, col4row, col, _ = walk
+    i = path[col]
+    return row4col.at[col].set(i), col4row.at[i].set(col), col4row[i], i == row
+
+  row4col, col4row, _, _ = lax.while_loop(
+      lambda w: ~w[-1], flip, (row4col, col4row, sink, False))
+  return (u, v, path, row4col, col4row), None
+
+
+def base_hungarian_algorithm(cost_matrix: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """An optimal assignment for an ``(n, m)`` cost matrix by Crouse's
+  shortest augmenting path algorithm, the one optax keeps under this name:
+  rows added in order, ties broken as the paper's pseudocode breaks them,
+  so the same assignment as optax's where several are optimal.
 
   Args:
     cost_matrix: an ``(n, m)`` matrix of costs.
@@ -145,8 +213,16 @@ def base_hungarian_algorithm(cost_matrix: jax.Array) -> tuple[jax.Array, jax.Arr
   """
   if cost_matrix.shape[0] == 0 or cost_matrix.shape[1] == 0:
     return _empty()
-  transposed, _, col_of = _matching(cost_matrix)
+  transposed = cost_matrix.shape[0] > cost_matrix.shape[1]
+  costs = (cost_matrix.T if transposed else cost_matrix).astype(
+      jnp.result_type(float))
+  num_rows, num_cols = costs.shape
+  start = (jnp.zeros(num_rows, costs.dtype), jnp.zeros(num_cols, costs.dtype),
+           jnp.full(num_cols, -1), jnp.full(num_cols, -1), jnp.full(num_rows, -1))
+  (_, _, _, _, col4row), _ = lax.scan(
+      lambda state, row: _crouse_add_row(costs, state, row), start,
+      jnp.arange(num_rows))
   if not transposed:
-    return jnp.arange(col_of.shape[0]), col_of
-  order = jnp.argsort(col_of)  # the long side (the original rows) increasing
-  return col_of[order], order
+    return jnp.arange(num_rows), col4row
+  order = jnp.argsort(col4row)  # the long side (the original rows) increasing
+  return col4row[order], order
