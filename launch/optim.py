@@ -57,8 +57,9 @@ def build_schedule(args: argparse.Namespace) -> shardopt.Schedule:
 
 
 def _alias(name: str):
-  """The alias at shardopt's top level, or else in shardopt.contrib (muon, soap)."""
-  factory = getattr(shardopt, name, None) or getattr(shardopt.contrib, name, None)
+  """The alias in shardopt.contrib (muon, soap), or else at shardopt's top level
+  (looked up second: optax's deprecated top-level names warn on access)."""
+  factory = getattr(shardopt.contrib, name, None) or getattr(shardopt, name, None)
   if not inspect.isfunction(factory) or "learning_rate" not in _params(factory):
     raise UsageError(f"--optimizer {name!r} is not a shardopt optimizer alias (a"
                      " function taking learning_rate, e.g. adamw, adafactor, sgd,"

@@ -11,6 +11,8 @@ Public namespaces: ``shardopt`` (this curated list), ``shardopt.schedules``,
 implementation lives in ``shardopt._src`` (see docs/architecture.md).
 """
 
+import warnings as _warnings
+
 from shardopt import assignment
 from shardopt import contrib
 from shardopt import losses
@@ -154,10 +156,6 @@ from shardopt._src.trax.adafactor import trax_adafactor, TraxAdafactorState
 from shardopt._src.trax.optimizers import trax_adam, trax_momentum, trax_rmsprop
 from shardopt._src.trax.sm3 import MomentumType, trax_sm3, TraxSM3State
 
-# Differential privacy, at the top level as optax (deprecated there) keeps it
-from shardopt.contrib import (
-    differentially_private_aggregate, DifferentiallyPrivateAggregateState, dpsgd,
-)
 
 # Losses that optax also re-exports at its top level
 from shardopt.losses import (
@@ -255,3 +253,21 @@ __all__ = [
     "transforms", "differentially_private_aggregate", "DifferentiallyPrivateAggregateState",
     "dpsgd",
 ]
+
+# Differential privacy: optax 0.2.8 still serves these at its top level,
+# deprecated for optax.contrib's; so does shardopt, after the same warning.
+_DEPRECATED = ("differentially_private_aggregate",
+               "DifferentiallyPrivateAggregateState", "dpsgd")
+
+
+def __getattr__(name):
+  """Serves a deprecated name after a ``DeprecationWarning``."""
+  if name not in _DEPRECATED:
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+  _warnings.warn(f"shardopt.{name} is deprecated (as in optax 0.2.8): use "
+                f"shardopt.contrib.{name}.", DeprecationWarning, stacklevel=2)
+  return getattr(contrib, name)
+
+
+def __dir__():
+  return sorted(set(globals()) | set(_DEPRECATED))

@@ -12,6 +12,7 @@ import pathlib
 import pkgutil
 import types
 
+import optax
 import pytest
 
 import shardopt
@@ -69,3 +70,18 @@ def test_namespaces_export_no_private_helpers(namespace):
   assert all(not n.startswith("_") for n in module.__all__)
   assert set(module.__all__) == {n for n in dir(module) if not n.startswith("_")
                                  and not inspect.ismodule(getattr(module, n))}
+
+
+@pytest.mark.parametrize("name", ["dpsgd", "differentially_private_aggregate",
+                                  "DifferentiallyPrivateAggregateState"])
+def test_top_level_privacy_names_warn_as_optaxs_do(name):
+  # optax 0.2.8 serves these at its top level after a DeprecationWarning
+  # naming optax.contrib; shardopt serves contrib's after the same warning.
+  with pytest.warns(DeprecationWarning, match=f"optax.contrib.{name}"):
+    getattr(optax, name)
+  with pytest.warns(DeprecationWarning, match=f"use shardopt.contrib.{name}"):
+    served = getattr(shardopt, name)
+  assert served is getattr(shardopt.contrib, name)
+  assert name in shardopt.__all__ and name in dir(shardopt)
+  with pytest.raises(AttributeError, match="no attribute 'dpsgd_typo'"):
+    getattr(shardopt, "dpsgd_typo")
