@@ -439,13 +439,16 @@ def _warmup_note(args: argparse.Namespace, saved: bool) -> tuple[int, str]:
   return warmup_in_use(args), f"{source}, at most the schedule's horizon - 1"
 
 
-def finish(values: dict, given=None) -> argparse.Namespace:
+def finish(values: dict, given=None, given_before=()) -> argparse.Namespace:
   """The checked arguments: the parser's defaults updated by ``values``; --lr
   and --schedule default to the optimizer's (``defaults``), --schedule-steps
   to --steps, --correction-bits to 8 with --param-dtype bfloat16. ``given``:
   the names the user gave (default all of ``values``; a resume's saved flags
   are not given: a saved default --warmup-steps is shortened as a default,
-  a saved --profile-steps is not checked against --steps).
+  a saved --profile-steps is not checked against --steps). ``given_before``:
+  the flags the run a resume continues was given (saved with its
+  checkpoints): a --warmup-steps given then is the run's own, not a default.
+  ``args.given`` lists both, for the checkpoints (``run_config.config_of``).
 
   ``args.derived`` maps each flag whose value depends on other flags and was
   not given (those, and --warmup-steps when not given) to (its resolved value,
@@ -457,7 +460,8 @@ def finish(values: dict, given=None) -> argparse.Namespace:
   check_args(args)
   args.derived = _derive(args)
   _check_warmup(args, "warmup_steps" in given)
-  if "warmup_steps" not in given:
+  args.given = sorted((given | set(given_before)) & set(vars(parser().parse_args([]))))
+  if "warmup_steps" not in args.given:
     args.derived["warmup_steps"] = _warmup_note(args, saved="warmup_steps" in values)
   if "profile_steps" in given:
     _check_profile_window(args)

@@ -20,22 +20,25 @@ from launch import run_folder
 __all__ = ["resolve"]
 
 
-def _resumed_run(given: dict) -> dict:
+def _resumed_run(given: dict) -> tuple[dict, list]:
   """The flags saved with the run a --resume continues, and --out when it is
   the newest resumable run ({} when none is found: ``run_folder.prepare``
-  then reports it, or --resume auto starts fresh)."""
+  then reports it, or --resume auto starts fresh); and the names of the
+  flags that run was given (saved with it since they are: else none)."""
   found = {}
   if given.get("checkpoint_dir") is None and given.get("out") is None:
     try:
       found["out"] = str(run_folder.newest_resumable())
     except cli.UsageError:
-      return {}
+      return {}, []
   checkpoint_dir = given.get("checkpoint_dir") or os.path.join(
       given.get("out") or found["out"], "checkpoints")
   saved = run_config.saved_config(checkpoint_dir)
   if saved:
     _refuse_changes(saved[0], given, f"{checkpoint_dir} (step {saved[1]})")
-  return {**(run_config.inherited(saved[0]) if saved else {}), **found}
+  if not saved:
+    return found, []
+  return {**run_config.inherited(saved[0]), **found}, saved[0].get("given", [])
 
 
 def _refuse_changes(saved: dict, given: dict, where: str) -> None:
@@ -56,7 +59,7 @@ def resolve(argv=None) -> argparse.Namespace:
   given = cli.explicit_flags(argv)
   if given.get("config"):
     given = {**run_config.read_file(given["config"]), **given}
-  saved = _resumed_run(given) if given.get("resume") else {}
-  args = cli.finish({**saved, **given}, given)
+  saved, given_before = _resumed_run(given) if given.get("resume") else ({}, [])
+  args = cli.finish({**saved, **given}, given, given_before)
   args.out_is_newest_run = "out" in saved  # never inherited: found by --resume
   return args

@@ -3,7 +3,9 @@ on resume, and written or read as a --config file.
 
 Every flag is stored but those of one invocation (``INVOCATION``: --resume,
 --config, --print-config, --debug, and what ``cli.finish`` notes: which flags it
-derived). A resume takes the saved flags back
+derived, and which the user gave, stored apart under ``given``: a resume's
+--print-config pins a --warmup-steps the run was given and notes a default
+one). A resume takes the saved flags back
 (``inherited``) but where this invocation runs (``NOT_INHERITED``: --out,
 --checkpoint-dir, the process and device flags); flags given again are
 compared: one outside ``MAY_CHANGE`` must have the value it had when the
@@ -30,7 +32,7 @@ __all__ = ["INVOCATION", "MAY_CHANGE", "NOT_INHERITED", "compare", "config_of",
            "to_toml"]
 
 INVOCATION = frozenset({"resume", "config", "print_config", "debug", "out_is_newest_run",
-                        "derived"})
+                        "derived", "given"})
 NOT_INHERITED = frozenset({  # where this invocation runs: the paths, the processes and devices
     "out", "checkpoint_dir", "cpu_devices", "coordinator", "num_processes", "process_id",
     "auto_distributed", "init_timeout", "heartbeat_timeout"})
@@ -50,14 +52,16 @@ def flags_of(args: argparse.Namespace) -> dict:
 
 
 def config_of(args: argparse.Namespace, process_count: int, device_count: int) -> dict:
-  """The run's flags (``flags_of``) plus the process and device counts.
+  """The run's flags (``flags_of``) plus the process and device counts, and
+  under ``given`` the names of the flags the user gave (``cli.finish``;
+  not a flag, never compared).
 
   A constant schedule has no horizon, so its ``schedule_steps`` is None.
   """
   config = flags_of(args)
   if args.schedule == "constant":
     config["schedule_steps"] = None
-  config.update(process_count=process_count, device_count=device_count)
+  config.update(process_count=process_count, device_count=device_count, given=args.given)
   return config
 
 
@@ -72,7 +76,7 @@ def compare(saved: dict, current: dict) -> tuple[list[str], list[str]]:
   A flag missing from ``saved`` (added to the job later) counts as its default.
   """
   refused, allowed = [], []
-  for name in sorted(current):
+  for name in sorted(set(current) - {"given"}):
     old = saved.get(name, _default(name))
     new = current[name]
     if old == new:

@@ -33,7 +33,9 @@ def test_config_file_and_print_config_round_trip(tmp_path, capsys):
   path.write_text(toml)
   assert _printed_config(capsys, "--config", str(path)) == toml
   direct = vars(flags.resolve(argv))
-  assert {**vars(flags.resolve(["--config", str(path)])), "config": None} == direct
+  # The same flags; the file gives every one of them (``given``, saved with checkpoints).
+  assert {**vars(flags.resolve(["--config", str(path)])), "config": None,
+          "given": direct["given"]} == direct
   as_json = tmp_path / "run.json"  # every flag's value, as a checkpoint saves them: all given
   as_json.write_text(json.dumps(run_config.flags_of(flags.resolve(argv))))
   from_json = flags.resolve(["--config", str(as_json)])
@@ -232,6 +234,28 @@ def test_a_saved_default_warmup_is_not_refused_on_resume(tmp_path):
   assert (args.steps, args.warmup_steps, args.schedule_steps) == (6, 20, 6)
   with pytest.raises(cli.UsageError, match="--warmup-steps 20"):
     flags.resolve(["--out", str(tmp_path / "run"), "--resume", "--warmup-steps", "20"])
+
+
+def test_a_resumes_printed_config_pins_the_warmup_the_run_was_given(tmp_path, capsys):
+  """The checkpoints list the flags the run was given (``run_config.config_of``): a
+  --warmup-steps given then is printed as a value, and a new run from the file warms up
+  as the resumed one did (not for the default 20)."""
+  args = cli.parse_args(["--steps", "30", "--warmup-steps", "3"])
+  config = run_config.config_of(args, 1, 8)
+  assert "warmup_steps" in config["given"] and "lr" not in config["given"]
+  step = tmp_path / "run" / "checkpoints" / "6" / "metadata"
+  step.mkdir(parents=True)
+  (step / "metadata").write_text(json.dumps({"config": config}))
+  resume = ["--out", str(tmp_path / "run"), "--resume"]
+  lines = _printed_config(capsys, *resume).splitlines()
+  assert "warmup_steps = 3" in lines
+  path = _written(tmp_path, "r.toml", "\n".join(lines) + "\n")
+  new = flags.resolve(["--config", path, "--out", str(tmp_path / "new")])
+  assert (new.warmup_steps, cli.warmup_in_use(new), new.steps) == (3, 3, 30)
+  resumed = flags.resolve([*resume, "--steps", "40"])  # given on resume: compared, not saved
+  assert resumed.given == ["out", "resume", "steps", "warmup_steps"]
+  refused, _ = run_config.compare(config, run_config.config_of(resumed, 1, 8))
+  assert refused == []
 
 
 def test_a_resumes_printed_config_reads_back_with_and_without_resume(tmp_path, capsys):
