@@ -121,3 +121,20 @@ def test_importable_from_package_and_module():
 def test_bad_arguments_raise(make):
   with pytest.raises(ValueError):
     make()
+
+
+_DTYPE_CASES = CASES + [
+    ("piecewise_constant_schedule", dict(init_value=1, boundaries_and_scales={3: 2})),
+    ("piecewise_constant_schedule", dict(init_value=jnp.bfloat16(1.0),
+                                         boundaries_and_scales={3: 0.5})),
+]
+
+
+@pytest.mark.parametrize("name,kwargs", _DTYPE_CASES, ids=[c[0] for c in _DTYPE_CASES])
+@pytest.mark.parametrize("count", [jnp.int32(5), jnp.float32(5.0), 5])
+def test_value_dtypes_match_optax(name, kwargs, count):
+  # An int or bfloat16 init_value promotes with the count as optax's does.
+  ours = jnp.asarray(getattr(shardopt, name)(**kwargs)(count))
+  theirs = jnp.asarray(getattr(optax, name)(**kwargs)(count))
+  assert (ours.dtype, ours.shape) == (theirs.dtype, theirs.shape)
+  np.testing.assert_allclose(ours.astype(np.float32), theirs.astype(np.float32), rtol=1e-6)

@@ -146,7 +146,11 @@ def piecewise_constant_schedule(
   def schedule(count):
     value = init_value
     for boundary, scale in jumps:
-      value = jnp.where(count < boundary, value, scale * value)
+      # A float step function of the count (1 before the boundary, 0 from
+      # it) blends the two values: the value's dtype promotes with the
+      # count's floats as optax's does (an int init_value gives floats).
+      before = jnp.maximum(0.0, jnp.sign(boundary - count))
+      value = value * before + (1 - before) * scale * value
     return value
 
   return schedule
