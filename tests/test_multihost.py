@@ -40,12 +40,18 @@ def adam_reference(tmp_path_factory):
                           "--steps", "16")
 
 
-def test_adafactor_two_processes_match_one(tmp_path):
+def test_adafactor_two_processes_match_one_and_each_writes_its_profile(tmp_path):
   args = [*h.TINY, "--optimizer", "adafactor", "--steps", "3", "--checkpoint-every", "0"]
-  assert h.run([*LAUNCH, *args, "--out", str(tmp_path / "mh")], tmp_path / "log", 240) == 0
+  out = tmp_path / "mh"
+  assert h.run([*LAUNCH, *args, "--profile-steps", "2:2", "--out", str(out)],
+               tmp_path / "log", 240) == 0
   assert "[Gloo]" not in (tmp_path / "log").read_text()
   one = h.run_in_process(tmp_path / "one", *args[len(h.TINY):])
-  assert_within_four_ulp(h.losses(tmp_path / "mh"), one)
+  assert_within_four_ulp(h.losses(out), one)
+  # One trace per process: process 1's beside process 0's, in process-1/ (in
+  # one folder both wrote the same <host> files and one trace was lost).
+  traces = {p.relative_to(out).parts[0] for p in out.rglob("*.xplane.pb")}
+  assert traces == {"plugins", "process-1"}, sorted(out.rglob("*.xplane.pb"))
 
 
 def test_adam_two_processes_match_one_and_resume_in_one(tmp_path, adam_reference):
