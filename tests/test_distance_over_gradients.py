@@ -1,5 +1,6 @@
 """scale_by_distance_over_gradients (layer-wise DoG) against optax's."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -41,3 +42,15 @@ def test_scalar_param_keeps_its_shape_and_params_are_required():
   assert updates["s"].shape == ()
   with pytest.raises(ValueError, match="needs params"):
     tx.update(params, tx.init(params))
+
+
+def test_state_leaves_match_optaxs_shapes_dtypes_and_values():
+  params = {"w": jnp.ones((4, 3)), "s": jnp.array(2.0), "h": jnp.ones(5, jnp.bfloat16)}
+  grads = jax.tree.map(lambda p: jnp.full_like(p, 0.1), params)
+  states = []
+  for lib in (shardopt, optax):
+    tx = lib.scale_by_distance_over_gradients()
+    state = tx.init(params)
+    _, state = tx.update(grads, state, params)
+    states.append(state)
+  oracle.assert_trees_close(tuple(states[0]), tuple(states[1]), rtol=1e-6)

@@ -22,7 +22,8 @@ __all__ = [
 
 class ScaleByDistanceOverGradientsState(NamedTuple):
   """Per param array: the largest distance from the start, the running sum
-  of squared gradient norms; and the initial params."""
+  of squared gradient norms (shape (1,), as optax's); and the initial
+  params."""
 
   max_dist: base.OptState
   grad_sum_of_squares: base.OptState
@@ -34,11 +35,9 @@ def _distance(x, y=0.0) -> jax.Array:
 
 
 def _zero_sum(x) -> jax.Array:
-  """A scalar zero, in at least float32, to sum the squared norms of ``x``'s
-  gradients in (optax keeps a (1,) vector, which turns a scalar param's
-  update into a (1,) vector)."""
-  return jnp.zeros_like(jnp.sum(x, dtype=jnp.promote_types(x.dtype,
-                                                           jnp.float32)))
+  """A zero of shape (1,) (optax's), in at least float32, to sum the squared
+  norms of ``x``'s gradients in."""
+  return jnp.zeros((1,), jnp.promote_types(x.dtype, jnp.float32))
 
 
 def scale_by_distance_over_gradients(
@@ -88,8 +87,11 @@ def scale_by_distance_over_gradients(
                             state.max_dist, params, state.init_params)
     sums = jax.tree.map(lambda s, g: s + jnp.sum(jnp.square(g)),
                         state.grad_sum_of_squares, updates)
+    # Each update keeps its gradient's shape (optax's (1,) sum turns a scalar
+    # param's update into a (1,) vector).
     updates = jax.tree.map(
-        lambda g, d, s: global_scale * (d / jnp.sqrt(s + eps)) * g,
+        lambda g, d, s: jnp.reshape(global_scale * (d / jnp.sqrt(s + eps)) * g,
+                                    jnp.shape(g)),
         updates, max_dist, sums)
     return updates, ScaleByDistanceOverGradientsState(max_dist, sums,
                                                       state.init_params)
