@@ -6,8 +6,15 @@ written beside it (``link`` fails if the lock exists, also on NFS), and its
 modification time is refreshed every ``HEARTBEAT_S`` seconds while the run
 lives. A lock is stale when its holder is gone: on the same host, no process
 with its pid and start time; on another host, no heartbeat for ``STALE_AFTER_S``
-seconds. A stale lock is taken over (renamed away first, so of two runs taking
-it over only one succeeds). In a multi-process job process 0 holds it.
+seconds. A stale lock is taken over: renamed to a private name, then checked to
+be the very file judged stale (its inode and content); a lock another run took
+meanwhile is put back, and the run is told the folder is in use, so of two runs
+taking it over only one succeeds (not excluded: a third run creating its lock in
+the microseconds between such a move and its return). In a multi-process job
+process 0 holds it.
+
+A lock file that cannot be written (a full disk, no permission) is a
+``StorageError`` naming it, nothing left behind.
 
 A run's folder holds all it writes, so no other run may write anywhere inside
 it, e.g. with a --checkpoint-dir there: a folder is in use while a live run
@@ -19,6 +26,7 @@ at once whose folders nest, the later to take its lock sees the other's.
 Nothing here imports jax, so the job can check a folder before importing it.
 """
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -28,6 +36,7 @@ import threading
 import time
 import uuid
 
+from launch.cli import StorageError
 from launch.cli import UsageError
 
 __all__ = ["HEARTBEAT_S", "LOCK_NAME", "STALE_AFTER_S", "Holder", "RunLock", "holder_of",
@@ -81,21 +90,50 @@ def _mine() -> Holder:
   return Holder(socket.gethostname(), os.getpid(), _start_ticks(os.getpid()), time.time())
 
 
-def holder_of(folder) -> tuple[Holder, str | None] | None:
-  """(the holder of ``folder``'s lock, why it is gone or None), or None when it is not locked.
-  An unreadable lock file counts as held by nobody alive."""
+def _read(path: pathlib.Path) -> tuple[str, int, float]:
+  """(the text, the inode, the age in s) of the file ``path``, read through one descriptor (the
+  three of one file). Raises FileNotFoundError, NotADirectoryError, or OSError when unreadable."""
+  with open(path, "rb") as f:
+    stat = os.fstat(f.fileno())
+    return f.read().decode(errors="replace"), stat.st_ino, time.time() - stat.st_mtime
+
+
+def _identity(path: pathlib.Path) -> tuple[int, str | None]:
+  """(inode, text or None where unreadable) of the lock file ``path``: which lock it is."""
+  try:
+    text, inode, _ = _read(path)
+  except OSError:  # unreadable: its inode alone
+    return os.stat(path).st_ino, None
+  return inode, text
+
+
+def _found(folder) -> tuple[Holder, str | None, tuple[int, str | None]] | None:
+  """(holder, why it is gone or None, the lock file's ``_identity``) of ``folder``'s lock, or
+  None when it is not locked. An unreadable lock file counts as held by nobody alive."""
   path = pathlib.Path(folder) / LOCK_NAME
   try:
-    text, age = path.read_text(), time.time() - path.stat().st_mtime
+    text, inode, age = _read(path)
+    identity = inode, text
   except (FileNotFoundError, NotADirectoryError):
     return None
   except OSError:
+    try:
+      identity = os.stat(path).st_ino, None
+    except OSError:
+      return None
     text, age = "", 0.0  # unreadable
   try:
     holder = Holder(**json.loads(text))
   except (ValueError, TypeError):
-    return Holder("?", -1, None, 0.0), f"its lock file {path} is unreadable"
-  return holder, holder.gone(age)
+    return Holder("?", -1, None, 0.0), f"its lock file {path} is unreadable", identity
+  return holder, holder.gone(age), identity
+
+
+def holder_of(folder) -> tuple[Holder, str | None] | None:
+  """(the holder of ``folder``'s lock, why it is gone or None), or None when it is not locked.
+  An unreadable lock file counts as held by nobody alive."""
+  found = _found(folder)
+  return None if found is None else found[:2]
 
 
 def _in_use(flag: str, folder, holder: Holder, lock: pathlib.Path, fix: str | None) -> UsageError:
@@ -120,47 +158,67 @@ class RunLock:
   def acquire(cls, folder, flag: str = "--out", warn=print, fix: str | None = None) -> "RunLock":
     """Takes ``folder``'s lock (the folder must exist); a stale one is taken over with one
     warning. Raises UsageError naming ``flag`` and the holder when a live run holds it, with
-    ``fix`` as the remedy (default: choose another ``flag``)."""
+    ``fix`` as the remedy (default: choose another ``flag``); StorageError naming the lock file
+    when it cannot be written (nothing left behind)."""
     path = pathlib.Path(folder) / LOCK_NAME
-    mine = _mine()
+    mine, taken_over = _mine(), None
     for _ in range(3):
-      if cls._create(path, mine):
+      if cls._create(path, mine, flag, folder):
+        if taken_over is not None:
+          warn(f"warning: {flag} {folder}: took over the lock of a run that is gone"
+               f" ({taken_over[0].describe()}: {taken_over[1]})")
         return cls(path, mine)
-      found = holder_of(folder)
+      found = _found(folder)
       if found is None:
         continue  # released meanwhile
-      holder, why = found
+      holder, why, identity = found
       if why is None:
         raise _in_use(flag, folder, holder, path, fix)
-      if cls._set_aside(path):
-        warn(f"warning: {flag} {folder}: took over the lock of a run that is gone"
-             f" ({holder.describe()}: {why})")
+      if cls._set_aside(path, identity):
+        taken_over = holder, why
     raise UsageError(f"{flag} {folder}: could not take its lock {path} (other runs keep taking"
                      f" it); choose another {flag}")
 
   @staticmethod
-  def _create(path: pathlib.Path, holder: Holder) -> bool:
-    """Creates the lock file whole; False when it exists."""
+  def _create(path: pathlib.Path, holder: Holder, flag: str, folder) -> bool:
+    """Creates the lock file whole; False when it exists. Raises StorageError when it cannot
+    be written, its draft removed."""
     draft = path.with_name(f".{LOCK_NAME}.{uuid.uuid4().hex}")
-    draft.write_text(json.dumps(dataclasses.asdict(holder)))
     try:
-      os.link(draft, path)
-      return True
-    except FileExistsError:
-      return False
-    finally:
-      draft.unlink()
+      try:
+        draft.write_text(json.dumps(dataclasses.asdict(holder)))
+        os.link(draft, path)
+        return True
+      except FileExistsError:
+        return False
+      finally:
+        with contextlib.suppress(FileNotFoundError):
+          draft.unlink()
+    except OSError as e:
+      raise StorageError(f"{flag} {folder}: cannot write its lock file {path}"
+                         f" ({e.strerror or e}); nothing was left behind. Free space (or"
+                         " restore the permissions, the mount), then run again") from e
 
   @staticmethod
-  def _set_aside(path: pathlib.Path) -> bool:
-    """Removes a stale lock; False when another run removed it first."""
-    stale = path.with_name(f".{LOCK_NAME}.stale.{uuid.uuid4().hex}")
+  def _set_aside(path: pathlib.Path, identity: tuple[int, str | None]) -> bool:
+    """Removes the stale lock file whose ``_identity`` was read: renamed to a private name
+    first, and removed only if it is that file; a lock another run took since it was read is
+    put back. Whether the stale lock was removed (False: gone or another's)."""
+    moved = path.with_name(f".{LOCK_NAME}.stale.{uuid.uuid4().hex}")
     try:
-      os.rename(path, stale)
+      os.rename(path, moved)
     except FileNotFoundError:
       return False
-    stale.unlink()
-    return True
+    try:
+      if _identity(moved) == identity:
+        return True
+      try:
+        os.link(moved, path)  # another run's lock: put back
+      except FileExistsError:
+        pass  # a third run created one in between: the moved one cannot come back
+      return False
+    finally:
+      moved.unlink()
 
   def _heartbeat(self) -> None:
     while not self._stop.wait(HEARTBEAT_S):
