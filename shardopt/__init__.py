@@ -6,8 +6,9 @@ state's shardings are derived from the params' (``shardopt.sharding``).
 
 Public namespaces: ``shardopt`` (this curated list), ``shardopt.schedules``,
 ``shardopt.tree``, ``shardopt.tree_utils``, ``shardopt.transforms``, ``shardopt.losses``,
-``shardopt.microbatching``, ``shardopt.assignment``, ``shardopt.contrib`` and
-``shardopt.sharding``. The
+``shardopt.microbatching``, ``shardopt.assignment``, ``shardopt.projections``,
+``shardopt.perturbations``, ``shardopt.second_order`` (deprecated, as in optax),
+``shardopt.contrib`` and ``shardopt.sharding``. The
 implementation lives in ``shardopt._src`` (see docs/architecture.md).
 """
 
@@ -17,7 +18,10 @@ from shardopt import assignment
 from shardopt import contrib
 from shardopt import losses
 from shardopt import microbatching
+from shardopt import perturbations
+from shardopt import projections
 from shardopt import schedules
+from shardopt import second_order
 from shardopt import sharding
 from shardopt import transforms
 from shardopt import tree
@@ -249,6 +253,8 @@ __all__ = [
     "sigmoid_binary_cross_entropy", "sigmoid_focal_loss", "smooth_labels",
     "softmax_cross_entropy", "softmax_cross_entropy_with_integer_labels", "squared_error",
     "tree_utils",
+    # optax's projections, perturbations and (deprecated) second_order namespaces
+    "perturbations", "projections", "second_order",
     # optax.transforms as a namespace; differential privacy as optax re-exports it
     "transforms", "differentially_private_aggregate", "DifferentiallyPrivateAggregateState",
     "dpsgd",

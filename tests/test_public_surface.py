@@ -19,8 +19,9 @@ import shardopt
 
 _PACKAGE = pathlib.Path(shardopt.__file__).parent
 _NAMES_0_1 = (pathlib.Path(__file__).parent / "public_names_0.1.txt").read_text().split()
-_NAMESPACES = ("assignment", "contrib", "losses", "microbatching", "schedules", "sharding",
-               "transforms", "tree", "tree_utils")
+_NAMESPACES = ("assignment", "contrib", "losses", "microbatching", "perturbations",
+               "projections", "schedules", "second_order", "sharding", "transforms", "tree",
+               "tree_utils")
 
 
 def _all_modules() -> list[str]:
