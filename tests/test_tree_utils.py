@@ -178,6 +178,16 @@ def test_reductions_on_a_sharded_tree_match_optax_unsharded(axis_type, name):
   assert got.sharding.is_fully_replicated
 
 
+@pytest.mark.parametrize("ord", [None, 1, "inf"])
+def test_norm_runs_eagerly_on_explicit_axes_without_a_mesh_context(ord):
+  # A real leaf's norm builds no imaginary part: jax makes it on one device,
+  # which an eager call on Explicit axes refused (optax's still does).
+  _, x = _sharded("Explicit", 0)
+  want = optax.tree.norm(jax.device_get(x), ord=ord)
+  np.testing.assert_allclose(tree.norm(x, ord=ord), want, rtol=1e-6)
+  np.testing.assert_allclose(tree.norm(x, ord=ord, squared=True), want ** 2, rtol=1e-6)
+
+
 def test_random_like_keeps_the_target_shardings_on_an_explicit_mesh():
   mesh, x = _sharded("Explicit", 0)
   with jax.set_mesh(mesh):

@@ -61,6 +61,11 @@ def tree_size(tree: Any) -> int:
 
 
 def _abs_square(x) -> jax.Array:
+  """``|x|**2``; of a real ``x`` without its (zero) imaginary part, which
+  jax builds on one device: called eagerly on Explicit mesh axes, that
+  failed against ``x``'s mesh."""
+  if not jnp.iscomplexobj(x):
+    return jnp.square(x)
   return jnp.square(jnp.real(x)) + jnp.square(jnp.imag(x))
 
 
