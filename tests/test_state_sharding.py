@@ -206,3 +206,40 @@ def test_larger_state_that_is_not_a_mirror_warns_when_replicated():
   assert E + "[0]" in plan.under_sharded and K + "[0]" in plan.under_sharded
   assert E + "[1]" not in plan.under_sharded
   assert E + "[0]" in str(record[0].message)
+
+
+def test_state_that_loses_some_of_its_params_axes_warns_naming_what_it_lost():
+  """Shampoo's blocks of 16 on a (64, 96) param laid out P('data', 'model'):
+  the 6 block columns do not divide over model=4, so the statistics keep
+  'data' only (4x their share per device): warned, naming the param, the
+  leaf, the spec it got, the axis lost and a block size that tiles the
+  shards. Blocks of 8 do, and state small by design (Adafactor's factored
+  row/column statistics, per-param scalars) loses axes without a warning."""
+  mesh = MESHES["abstract"]()
+  params = {"w": jax.ShapeDtypeStruct((64, 96), jnp.float32)}
+  shardings = {"w": NamedSharding(mesh, P("data", "model"))}
+  with pytest.warns(shardopt.ReplicatedStateWarning) as record:
+    plan = shardopt.plan_state_shardings(
+        shardopt.contrib.shampoo(1e-3, block_size=16), params, shardings)
+  blocked = [f"[0].{kind}['w'][{i}]" for kind in ("stats", "preconditioners")
+             for i in (0, 1)]
+  assert plan.under_sharded == tuple(blocked)
+  message = str(record[0].message)
+  for text in (*blocked, "of params['w'] (64, 96) P('data', 'model')",
+               "got P('data', None, None, None), without 'model'=4",
+               "split into 2 parts where its param is split into 8",
+               "3072 elements per device where its param has 768 (4x)",
+               "(32, 24) shard", "block_size dividing its split dimensions (e.g. 8)"):
+    assert text in message, text
+  assert "graft" not in message and "mu" not in message  # mirrors keep both
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", shardopt.ReplicatedStateWarning)
+    plan = shardopt.plan_state_shardings(
+        shardopt.contrib.shampoo(1e-3, block_size=8), params, shardings)
+    assert plan.under_sharded == ()
+    assert plan.bytes_per_device <= 1.001 * 6 * 64 * 96 * 4 / 8
+    big = {"w": jax.ShapeDtypeStruct((256, 512), jnp.float32)}
+    plan = shardopt.plan_state_shardings(
+        shardopt.adafactor(1e-2), big, {"w": NamedSharding(mesh, P("data", "model"))})
+  lost = [l for l in plan.leaves if l.param and "model" not in str(l.spec)]
+  assert len(lost) >= 2 and plan.under_sharded == ()  # v_row, scalars

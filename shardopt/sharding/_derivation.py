@@ -23,8 +23,14 @@ the large leaves left out are listed in ``zero_skipped`` and warned about.
 Which state leaf belongs to which param: by the stand-in trace of
 ``shardopt._src.ownership`` (a structural prefix match only where that
 trace cannot run). A derived leaf with its param's shape *mirrors* it. A
-mirror that comes out less sharded than its param (state built from a bare
-shape) is reported with a ``ReplicatedStateWarning``, never silently.
+leaf that lacks one of its param's mesh axes is reported with a
+``ReplicatedStateWarning`` (never silently) where that costs memory: a
+mirror (state built from a bare shape), or any leaf holding more elements
+per device than its param (Shampoo's block statistics where the block grid
+does not divide over an axis, a replicated statistic larger than a shard).
+The warning names the leaf, its param, the spec it got, the axes lost and
+what keeps it split. Statistics small by design (Adafactor's rows and
+columns, per-param scalars) are not reported.
 """
 
 import math
@@ -40,6 +46,7 @@ from shardopt._src.ownership import state_owners
 from shardopt._src.typed_layouts import eval_shape_typed
 from shardopt.sharding._boundary import check_param_shardings
 from shardopt.sharding._specs import device_bytes as _device_bytes
+from shardopt.sharding._specs import entry_size
 from shardopt.sharding._specs import full_spec as _full_spec
 from shardopt.sharding._specs import spec_axes as _axes
 from shardopt.sharding._zero import DEFAULT_MIN_SHARD_BYTES
@@ -211,18 +218,14 @@ def plan_state_shardings(tx, params, param_shardings, *,
                  None if owner is None else param_paths[owner],
                  mesh, shard_state_over, min_shard_bytes)
       for (path, leaf), owner in zip(state_leaves, owners)]
-  under = tuple(
-      pl.path for pl, owner in zip(plans, owners)
-      if owner is not None and _under_sharded(
-          pl, param_leaves[owner], spec_leaves[owner], mesh))
-  if under:
-    warnings.warn(
-        "these optimizer-state leaves are less sharded than the param they "
-        "derive from (state built from a bare shape, e.g. jnp.zeros(p.shape) "
-        "instead of jnp.zeros_like(p), loses its param's layout; Shampoo's "
-        "and SOAP's statistics are never split inside a block, so a "
-        "block_size that does not divide the shards leaves them so): "
-        + ", ".join(under), ReplicatedStateWarning, stacklevel=2)
+  lost = [(pl, owner, _lost_parts(pl, param_leaves[owner], spec_leaves[owner], mesh))
+          for pl, owner in zip(plans, owners) if owner is not None]
+  lost = [(pl, owner, found) for pl, owner, found in lost if found]
+  under = tuple(pl.path for pl, _, _ in lost)
+  if lost:
+    warnings.warn(_under_sharded_message(lost, param_leaves, spec_leaves,
+                                         param_paths, mesh),
+                  ReplicatedStateWarning, stacklevel=2)
   shardings = jax.tree.unflatten(
       state_def, [NamedSharding(mesh, pl.spec) for pl in plans])
   update_shardings = jax.tree.unflatten(
@@ -331,13 +334,73 @@ def _plan_leaf(path, leaf, param, zero, param_path, mesh, axis,
                   mirrors, outcome, _device_bytes(leaf, spec, mesh))
 
 
-def _under_sharded(plan: LeafPlan, param, param_spec, mesh) -> bool:
-  """A mirror missing one of its param's mesh axes, or any other derived
-  leaf that is replicated while its param is sharded and holds more elements
-  than one shard of the param (small statistics may replicate)."""
-  if plan.mirrors:
-    return not _axes(param_spec) <= _axes(plan.spec)
-  if not _axes(param_spec) or _axes(plan.spec):
-    return False
-  param_shard = _device_bytes(param, param_spec, mesh) // param.dtype.itemsize
-  return math.prod(plan.shape) > param_shard
+class _Lost(NamedTuple):
+  """How much of its param's layout a state leaf lost."""
+
+  axes: tuple[str, ...]  # the param's mesh axes the leaf does not use
+  parts: int  # into how many parts the leaf is split
+  param_parts: int  # into how many parts its param is split
+  elements: int  # the leaf's elements per device
+  param_elements: int  # its param's elements per device
+
+
+def _parts(spec, mesh) -> int:
+  return math.prod(mesh.shape[a] for a in _axes(spec))
+
+
+def _lost_parts(plan: LeafPlan, param, param_spec, mesh) -> _Lost | None:
+  """What ``plan``'s leaf lost of its param's layout, where it matters; None
+  where it lost nothing or nothing that matters.
+
+  A leaf matters when it lacks one of its param's mesh axes and is a mirror
+  (its param's shape), or holds more elements per device than its param
+  does (a leaf of at least its param's size split into fewer parts than the
+  param, e.g. Shampoo's block statistics whose block grid the param's axes
+  do not divide, or a replicated statistic larger than a shard). State that
+  is small by design (Adafactor's row/column statistics, SM3's covers,
+  per-param scalars) holds fewer elements per device than its param and
+  is not reported.
+  """
+  axes = tuple(sorted(_axes(param_spec) - _axes(plan.spec)))
+  if not axes:
+    return None
+  parts, param_parts = _parts(plan.spec, mesh), _parts(param_spec, mesh)
+  lost = _Lost(axes, parts, param_parts, -(-math.prod(plan.shape) // parts),
+               -(-math.prod(param.shape) // param_parts))
+  return lost if plan.mirrors or lost.elements > lost.param_elements else None
+
+
+def _shard_shape(shape, spec, mesh) -> tuple[int, ...]:
+  return tuple(-(-d // entry_size(mesh, e)) for d, e in zip(shape, spec))
+
+
+def _under_sharded_message(lost, param_leaves, spec_leaves, param_paths,
+                           mesh) -> str:
+  """One line per leaf (the param, the spec it got, the parts lost) and per
+  param what keeps its state split."""
+  lines, hints = [], {}
+  for pl, owner, l in lost:
+    param, spec = param_leaves[owner], spec_leaves[owner]
+    axes = ", ".join(f"{a!r}={mesh.shape[a]}" for a in l.axes)
+    lines.append(
+        f"  {pl.path} {pl.shape} of params{param_paths[owner]} "
+        f"{tuple(param.shape)} {spec}: got {pl.spec}, without {axes}: split "
+        f"into {l.parts} parts where its param is split into {l.param_parts}, "
+        f"{l.elements} elements per device where its param has "
+        f"{l.param_elements} ({l.elements / max(l.param_elements, 1):.2g}x)")
+    shard = _shard_shape(param.shape, spec, mesh)
+    split = [n for n, e in zip(shard, spec) if e is not None]
+    block = math.gcd(*split) if split else None
+    hints[owner] = (
+        f"  params{param_paths[owner]}: each device holds a {shard} shard"
+        + (f"; a block_size dividing its split dimensions (e.g. {block})"
+           " keeps each block on one device" if block and block > 1 else ""))
+  return (
+      "these optimizer-state leaves are less sharded than the param they "
+      "derive from, so each device holds more of them than its share:\n"
+      + "\n".join(lines)
+      + "\nTo keep them split: state built from a bare shape "
+      "(jnp.zeros(p.shape)) loses its param's layout, build it with "
+      "jnp.zeros_like(p); state built in blocks (Shampoo's and SOAP's "
+      "block_size) is split only where the blocks tile each shard:\n"
+      + "\n".join(hints.values()))
