@@ -3,6 +3,7 @@
 the reason, and the README's pattern leaving the user's arrays alive."""
 
 import re
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -228,3 +229,23 @@ def test_inputs_placed_otherwise_are_named_with_the_fix():
       " P() in pinned_host memory")):
     on_host.train_step(lambda p, batch: jnp.sum(p["w"]) + jnp.sum(batch))(
         params, state, jnp.zeros((8,)))
+
+
+@pytest.mark.parametrize("spec, fix", [
+    (P("model", None), "drop the extra entries (P('model',) lays it out the same)"),
+    (P(None, "model"), "its entries past dimension 0 ('model') split no dimension of it"),
+])
+def test_a_param_spec_longer_than_its_rank_is_named(spec, fix):
+  """A bias (64,) given P('model', None): its state (and every other
+  param's) used to be replicated, with a warning blaming tx.init."""
+  mesh = partitioning.make_mesh({"data": 2, "model": 4})
+  params = {"w": jnp.ones((256, 512)), "b": jnp.ones(64)}
+  shardings = {"w": jax.sharding.NamedSharding(mesh, P(None, "model")),
+               "b": jax.sharding.NamedSharding(mesh, spec)}
+  expected = re.escape(f"params['b'] has shape (64,) (rank 1), but its sharding {spec} "
+                       "has 2 entries (a spec has at most one per dimension): " + fix)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")  # raised before any state is derived
+    for build in (shardopt.plan_state_shardings, shardopt.make_sharded_optimizer):
+      with pytest.raises(ValueError, match=expected):
+        build(shardopt.adam(0.1), params, shardings)

@@ -30,6 +30,7 @@ from jax.tree_util import keystr
 from jax.tree_util import tree_flatten_with_path
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from shardopt.sharding._specs import entry_size
 from shardopt.sharding._specs import full_spec
@@ -215,10 +216,39 @@ def _check_divisible(state, state_shardings) -> None:
         f"another layout (e.g. by tx.init of unsharded params). {_STATE_FIX}.")
 
 
+def _too_long(tree, shardings):
+  """``(path, shape, spec)`` of the first leaf of ``tree`` whose sharding's
+  spec has more entries than the leaf has dimensions; None."""
+  for (path, leaf), sharding in zip(tree_flatten_with_path(tree)[0],
+                                    jax.tree.leaves(shardings)):
+    if len(sharding.spec) > len(np.shape(leaf)):
+      return keystr(path), np.shape(leaf), sharding.spec
+  return None
+
+
+def _rank_fix(shape, spec) -> str:
+  """What to give a param of ``shape`` instead of the too long ``spec``."""
+  kept, extra = tuple(spec)[:len(shape)], tuple(spec)[len(shape):]
+  if all(entry is None for entry in extra):
+    return f"drop the extra entries ({P(*kept)} lays it out the same)"
+  return (f"its entries past dimension {len(shape) - 1} ({', '.join(map(repr, extra))}) "
+          "split no dimension of it: give it one entry per dimension at most, e.g. "
+          f"{P(*kept)}")
+
+
 def check_param_shardings(params, param_shardings) -> None:
-  """Raises ValueError naming the first param whose sharding splits a
-  dimension into parts that do not divide it (the state would be derived
-  for a layout the param cannot have)."""
+  """Raises ValueError naming the first param whose sharding has more spec
+  entries than the param has dimensions (jax cannot lay it out, so its state
+  could not be derived), or splits a dimension into parts that do not
+  divide it (the state would be derived for a layout the param cannot
+  have)."""
+  found = _too_long(params, param_shardings)
+  if found:
+    path, shape, spec = found
+    raise ValueError(
+        f"params{path} has shape {shape} (rank {len(shape)}), but its sharding {spec} has "
+        f"{len(spec)} entries (a spec has at most one per dimension): {_rank_fix(shape, spec)} "
+        "(partitioning.validate_specs checks every param's).")
   found = _indivisible(params, param_shardings)
   if found:
     path, shape, dim, parts, spec = found
