@@ -108,9 +108,15 @@ def leaves_with_paths(tree: Any, is_leaf=None) -> list[tuple[str, Any]]:
 
 
 def zip_specs(params: Any, specs: Any) -> list[tuple[str, Any, Any]]:
-  """``(path, param, spec)`` triples; raises if the two trees do not match."""
+  """``(path, param, spec)`` triples; raises if the two trees do not match.
+
+  A ``None`` in the params (a layer without a bias) is no param: it takes a
+  ``None`` spec, as ``match_partition_rules`` gives it, and has no triple.
+  """
   param_leaves = leaves_with_paths(params)
-  spec_leaves = leaves_with_paths(specs, is_leaf=lambda x: x is None or is_spec(x))
+  absent = {p for p, x in leaves_with_paths(params, is_leaf=lambda x: x is None) if x is None}
+  given = leaves_with_paths(specs, is_leaf=lambda x: x is None or is_spec(x))
+  spec_leaves = [(p, s) for p, s in given if s is not None or p not in absent]
   param_paths = [p for p, _ in param_leaves]
   spec_paths = [p for p, _ in spec_leaves]
   if param_paths != spec_paths:

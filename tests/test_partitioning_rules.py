@@ -19,6 +19,7 @@ from partitioning import (
     named_shardings,
     param_path,
     rule_table,
+    sharded_abstract_params,
     validate_specs,
 )
 
@@ -123,6 +124,26 @@ def test_a_python_scalar_param_goes_through_every_step():
   assert abstract["temperature"].dtype == jnp.float32 and abstract["temperature"].shape == ()
   assert memory_plan(params, num_devices=8).params.total_bytes == 8 * 4 * 4 + 4
   assert "match no param" not in rule_table(rules, params)
+
+
+def test_none_params_stay_none_through_every_step():
+  """A layer without a bias ({'bias': None}): match_partition_rules gives it
+  a None spec; validate_specs, rule_table and sharded_abstract_params take
+  that tree (they refused it as 'specs without a param', telling the user
+  to build it with match_partition_rules) and keep the None."""
+  mesh = make_mesh("data=2,model=4")
+  params = {"dense": {"kernel": jnp.ones((8, 16)), "bias": None}}
+  rules = [("kernel", P(None, "model")), (".*", P())]
+  specs = match_partition_rules(rules, params)
+  assert specs == {"dense": {"kernel": P(None, "model"), "bias": None}}
+  validate_specs(params, specs, mesh)
+  table = rule_table(rules, params)
+  assert "dense/kernel" in table and "bias" not in table
+  abstract = sharded_abstract_params(rules, params, mesh)
+  assert abstract["dense"]["bias"] is None
+  assert abstract["dense"]["kernel"].sharding.spec == P(None, "model")
+  with pytest.raises(PartitionError, match=re.escape("specs without a param: ['dense/bias']")):
+    validate_specs(params, {"dense": {"kernel": P(), "bias": P()}}, mesh)
 
 
 def test_rules_work_on_shape_dtype_structs():
