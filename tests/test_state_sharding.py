@@ -243,3 +243,10 @@ def test_state_that_loses_some_of_its_params_axes_warns_naming_what_it_lost():
         shardopt.adafactor(1e-2), big, {"w": NamedSharding(mesh, P("data", "model"))})
   lost = [l for l in plan.leaves if l.param and "model" not in str(l.spec)]
   assert len(lost) >= 2 and plan.under_sharded == ()  # v_row, scalars
+  # An axis of size 1 splits nothing: a mirror without it loses nothing.
+  unit = partitioning.make_abstract_mesh({"data": 1, "model": 8})
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", shardopt.ReplicatedStateWarning)
+    plan = shardopt.plan_state_shardings(_bare_shape_momentum(), params,
+                                         {"w": NamedSharding(unit, P("data", None))})
+  assert plan.under_sharded == () and plan.leaves[0].spec == P(None, None)

@@ -64,6 +64,40 @@ def test_state_shardings_warns_about_what_zero_left_out():
   assert "['embedding']" not in message
 
 
+@pytest.mark.parametrize("build", ["plan_state_shardings", "state_shardings",
+                                   "make_sharded_optimizer"])
+def test_zero_over_an_axis_of_size_1_splits_nothing_and_says_so_once(build):
+  """data=1 x model=8: ZeRO over 'data' splits nothing. The plan said 'dim 0'
+  for every moment and zero_sharded listed them, bytes per device unchanged,
+  no warning; now no leaf counts as sharded, the plan says why and one
+  warning says so (also for the FSDP param, whose spec names 'data')."""
+  mesh = partitioning.make_mesh({"data": 1, "model": 8})
+  specs = dict(SPECS, embedding=P("model", None), kernel=P(None, "model"),
+               bias=P("model"))
+  sharding = partitioning.named_shardings(mesh, specs)
+  without = shardopt.plan_state_shardings(transforms()["adam"], abstract(), sharding)
+  with pytest.warns(shardopt.ReplicatedStateWarning) as record:
+    got = getattr(shardopt, build)(transforms()["adam"], abstract(), sharding,
+                                   shard_state_over="data", min_shard_bytes=0)
+  assert len(record) == 1
+  assert "mesh axis 'data' has size 1 on this mesh ({'data': 1, 'model': 8}), so ZeRO splits" \
+      " no state leaf" in str(record[0].message)
+  plan = got.plan if build == "make_sharded_optimizer" else got
+  if build == "state_shardings":  # the shardings of the plan
+    with pytest.warns(shardopt.ReplicatedStateWarning, match="has size 1"):
+      plan = shardopt.plan_state_shardings(transforms()["adam"], abstract(), sharding,
+                                           shard_state_over="data", min_shard_bytes=0)
+    assert jax.tree.leaves(got) == jax.tree.leaves(plan.shardings)
+  assert plan.zero_sharded == ()
+  assert plan.bytes_per_device == without.bytes_per_device
+  assert {l.zero for l in plan.zero_skipped} == {
+      "not sharded: mesh axis 'data' has size 1, so it splits nothing"}
+  assert len(plan.zero_skipped) == 2 * len(SHAPES)
+  assert "ZeRO over 'data': the axis has size 1, so no leaf is split" in str(plan)
+  for name, shape in SHAPES.items():  # tx.update sees the params' own layout
+    assert plan.update_shardings[name].is_equivalent_to(sharding[name], len(shape)), name
+
+
 @pytest.mark.parametrize("name,axis_types", [
     ("adam", "auto"), ("adam", "explicit"), ("sm3", "explicit"),
     ("adafactor", "explicit")])

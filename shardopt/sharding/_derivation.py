@@ -92,6 +92,12 @@ class StatePlan(NamedTuple):
   # its gradient in, the param's sharding plus the ZeRO axis on the
   # dimension its state is split on.
   update_shardings: Any = None
+  axis_size: int | None = None  # the size of ``axis`` on the mesh
+
+  @property
+  def zero_splits_nothing(self) -> bool:
+    """ZeRO was asked for over an axis of size 1, which splits nothing."""
+    return self.axis is not None and self.axis_size == 1
 
   @property
   def zero_sharded(self) -> tuple[LeafPlan, ...]:
@@ -113,8 +119,10 @@ class StatePlan(NamedTuple):
     return sum(l.device_bytes for l in self.leaves)
 
   def warn_zero_skipped(self, stacklevel: int = 1) -> None:
-    """Warns, listing the mirrors ZeRO could not shard and why, if any."""
-    if self.zero_skipped:
+    """Warns, listing the mirrors ZeRO could not shard and why, if any
+    (not where the ZeRO axis has size 1: ``plan_state_shardings`` warned
+    about that once)."""
+    if self.zero_skipped and not self.zero_splits_nothing:
       warnings.warn(
           f"shard_state_over={self.axis!r} left these state leaves as they were "
           "(not sharded over it by ZeRO): " + "; ".join(f"{l.path} ({l.zero})"
@@ -124,7 +132,10 @@ class StatePlan(NamedTuple):
   def __str__(self) -> str:
     head = (f"state sharding plan: {len(self.leaves)} leaves, "
             f"{self.bytes_per_device:,} bytes per device")
-    if self.axis:
+    if self.zero_splits_nothing:
+      head += (f"; ZeRO over {self.axis!r}: the axis has size 1, so no leaf is split"
+               " (bytes per device as without ZeRO)")
+    elif self.axis:
       mirrors = sum(l.mirrors for l in self.zero_skipped)
       head += (f"; ZeRO over {self.axis!r}: {len(self.zero_sharded)} sharded,"
                f" {mirrors} mirrors not, {len(self.zero_skipped) - mirrors}"
@@ -163,8 +174,9 @@ def state_shardings(tx, params, param_shardings, *, shard_state_over=None,
   Returns:
     A tree of ``NamedSharding`` with the structure of ``tx.init(params)``.
 
-  Warns (``ReplicatedStateWarning``) about state less sharded than its param
-  and about leaves of at least ``min_shard_bytes`` that ZeRO could not shard;
+  Warns (``ReplicatedStateWarning``) about state less sharded than its param,
+  about leaves of at least ``min_shard_bytes`` that ZeRO could not shard, and
+  once about a ``shard_state_over`` axis of size 1 (which splits nothing);
   see ``plan_state_shardings`` for the full report.
   """
   plan = plan_state_shardings(
@@ -178,7 +190,11 @@ def plan_state_shardings(tx, params, param_shardings, *,
                          shard_state_over=None,
                          min_shard_bytes: int = DEFAULT_MIN_SHARD_BYTES
                          ) -> StatePlan:
-  """Like ``state_shardings``, returning a ``StatePlan`` (shardings + report)."""
+  """Like ``state_shardings``, returning a ``StatePlan`` (shardings + report).
+
+  Warns about state less sharded than its param and about a
+  ``shard_state_over`` axis of size 1; the leaves ZeRO left out are in the
+  report (``StatePlan.zero_skipped``, ``warn_zero_skipped``)."""
   if min_shard_bytes < 0:
     raise ValueError(f"min_shard_bytes={min_shard_bytes}: expected bytes >= 0"
                      " (0 lets ZeRO shard every non-scalar leaf).")
@@ -195,6 +211,12 @@ def plan_state_shardings(tx, params, param_shardings, *,
   param_leaves, params_def = jax.tree.flatten(params)
   spec_leaves = _param_specs(params, param_shardings)
   check_param_shardings(params, param_shardings)
+  if shard_state_over is not None and mesh.shape[shard_state_over] == 1:
+    warnings.warn(
+        f"shard_state_over={shard_state_over!r}: mesh axis {shard_state_over!r} has size 1 "
+        f"on this mesh ({dict(mesh.shape)}), so ZeRO splits no state leaf (bytes per device "
+        f"as without it): drop shard_state_over, or give {shard_state_over!r} more than one "
+        "device.", ReplicatedStateWarning, stacklevel=2)
   if shard_state_over is None:
     zeros, owned = [None] * len(param_leaves), None
   else:
@@ -231,7 +253,8 @@ def plan_state_shardings(tx, params, param_shardings, *,
   update_shardings = jax.tree.unflatten(
       params_def, [NamedSharding(mesh, spec) for spec in update_specs])
   return StatePlan(shardings, tuple(plans), shard_state_over, under,
-                   min_shard_bytes, update_shardings)
+                   min_shard_bytes, update_shardings,
+                   None if shard_state_over is None else mesh.shape[shard_state_over])
 
 
 def _owned_state(tx, params):
@@ -361,7 +384,7 @@ def _lost_parts(plan: LeafPlan, param, param_spec, mesh) -> _Lost | None:
   per-param scalars) holds fewer elements per device than its param and
   is not reported.
   """
-  axes = tuple(sorted(_axes(param_spec) - _axes(plan.spec)))
+  axes = tuple(sorted(a for a in _axes(param_spec) - _axes(plan.spec) if mesh.shape[a] > 1))
   if not axes:
     return None
   parts, param_parts = _parts(plan.spec, mesh), _parts(param_spec, mesh)

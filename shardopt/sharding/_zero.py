@@ -19,7 +19,8 @@ L-BFGS's ``(m, *param)`` memories) gets it on the dimension that keeps the
 param's, when that divides; a leaf of no param (a statistic of all params,
 a flattened vector) of at least ``min_shard_bytes`` gets it on its own
 largest free divisible dimension; scalars and smaller leaves stay as they
-are.
+are. An axis of size 1 splits nothing: no leaf counts as ZeRO-sharded over
+it, each large one is listed with that reason, and the plan warns once.
 """
 
 import math
@@ -28,7 +29,7 @@ from typing import NamedTuple
 from shardopt._src.ownership import param_dims
 from shardopt.sharding._specs import spec_axes
 
-__all__ = ["DEFAULT_MIN_SHARD_BYTES", "ParamZero", "leaf_zero", "param_zero"]
+__all__ = ["DEFAULT_MIN_SHARD_BYTES", "ParamZero", "leaf_zero", "param_zero", "unit_axis"]
 
 DEFAULT_MIN_SHARD_BYTES = 4096
 
@@ -44,6 +45,11 @@ def _free_divisible(shape, spec, size) -> tuple[str, int | None]:
             f"(free dims {[shape[d] for d in free]})"), None
   dim = max(fits, key=lambda d: shape[d])
   return f"dim {dim}", dim
+
+
+def unit_axis(axis: str) -> str:
+  """Why ZeRO over an axis of size 1 splits nothing."""
+  return f"not sharded: mesh axis {axis!r} has size 1, so it splits nothing"
 
 
 class ParamZero(NamedTuple):
@@ -68,6 +74,8 @@ def param_zero(shape, dtype, spec, axis: str, size: int,
       smaller too, keep their state's layout.
     state_bytes: the bytes of the param's largest state leaf.
   """
+  if size == 1:
+    return ParamZero(None, unit_axis(axis))
   for dim, entry in enumerate(spec):
     if axis in spec_axes((entry,)):
       return ParamZero(dim, f"dim {dim} (the param's own layout)", True)
@@ -105,6 +113,8 @@ def leaf_zero(shape, dtype, spec, param_shape, zero: ParamZero | None,
   """
   if not shape:
     return "not sharded: scalar", None
+  if size == 1:
+    return unit_axis(axis), None
   for dim, entry in enumerate(spec):
     if axis in spec_axes((entry,)):
       own = zero is not None and zero.own_layout
