@@ -14,9 +14,11 @@ sample is printed; each step's loss and norms are fetched every --log-every
 steps and written with the step time, tokens/s and MFU (launch/metrics.py).
 SIGTERM/SIGINT stop it cleanly: every process agrees on the step to stop at,
 the checkpoint in flight is finished, the current state is saved and the job
-exits 0 (before step 1 of a new run, the new run folder is removed; a second
-signal ends it at once: launch/stop.py). The run folder is locked for the
-whole run (launch/run_lock.py); library log lines go to OUT/job.log; a write
+exits 0 (before step 1 of a new run, what the run created is removed: the run
+folder, the folders above it and a --checkpoint-dir it made; a second signal
+ends it at once: launch/stop.py). The run folder is locked for the whole run
+(launch/run_lock.py; a single-process run took it before importing jax:
+``run_folder.take``); library log lines go to OUT/job.log; a write
 the storage refuses ends the job with one line naming the path and the newest
 complete checkpoint (``cli.StorageError``).
 """
@@ -26,7 +28,6 @@ import contextlib
 import dataclasses
 import pathlib
 import os
-import shutil
 import socket
 import sys
 import threading
@@ -372,42 +373,58 @@ def _agreed(failure: Exception | None) -> None:
 
 def _storage_error(e: OSError, args) -> cli.StorageError:
   """One line for a write the storage refused: the path, the step being saved (checkpoints),
-  the newest complete checkpoint."""
+  the newest complete checkpoint, and what to run once the cause is fixed: --resume continues
+  from that checkpoint; with none, --resume auto starts afresh in the folder (--resume would
+  find nothing to resume), its earlier log files set aside."""
   if isinstance(e, checkpoints.CheckpointWriteError):
-    text = str(e)
+    text, newest = str(e), e.newest
   else:
     try:
       steps_there = run_folder.finalized_steps(args.checkpoint_dir)
     except OSError:
       steps_there = []
-    intact = (f"the newest complete checkpoint is step {steps_there[-1]}" if steps_there
+    newest = steps_there[-1] if steps_there else None
+    intact = (f"the newest complete checkpoint is step {newest}" if newest is not None
               else "there is no complete checkpoint")
     text = f"{e.strerror or e}: {e.filename or args.out}; {intact} in {args.checkpoint_dir}."
+  remedy = ("run again with --resume to continue from it" if newest is not None else
+            "run again with --resume auto to start afresh in it (there is nothing to resume;"
+            " the metrics and samples written are kept as *.before-N.jsonl)")
   return cli.StorageError(f"{text} Free space (or restore the permissions, the mount), then"
-                          " run again with --resume to continue from it")
+                          f" {remedy}")
 
 
-def _stopped_before_training(args, signum: int, start: int, resumed: bool, created: bool) -> str:
-  """What a signal that came before the first step leaves: a new run folder is removed."""
+def _stopped_before_training(args, signum: int, start: int, resumed: bool,
+                             claim: run_folder.Claim) -> str:
+  """What a signal that came before the first step leaves: what this run created is removed
+  (``Claim.remove``: the new run folder, the folders made for it and its --checkpoint-dir)."""
   where = f"stopped by signal {signum} before step {start + 1}"
   if resumed:
     return f"{where}: nothing trained or saved; {args.out} is as it was (step {start})"
-  if created and jax.process_index() == 0:
-    shutil.rmtree(args.out, ignore_errors=True)
-    return f"{where}: nothing trained; removed the new run folder {args.out}"
+  removed = claim.remove(written=True) if jax.process_index() == 0 else []
+  out = os.path.normpath(args.out)
+  others = [folder for folder in removed if os.path.normpath(folder) != out]
+  made = f"the folders created for it: {', '.join(others)}"
+  if len(others) < len(removed):
+    return (f"{where}: nothing trained; removed the new run folder {args.out}"
+            + (f" and {made}" if others else ""))
   return (f"{where}: nothing trained; {args.out} holds no run (no checkpoint, no metrics):"
-          " a later run may use it")
+          f" a later run may use it" + (f"; removed {made}" if others else ""))
 
 
-def run(args: argparse.Namespace, stop: StopRequest) -> int:
+def run(args: argparse.Namespace, stop: StopRequest, claim: run_folder.Claim | None = None) -> int:
   """Runs the job; the run folder's lock is held until it returns or raises (or a second
-  signal ends the process)."""
+  signal ends the process). ``claim``: the folders a single-process run took before importing
+  jax (``run_folder.take``); what it created is removed if the run ends before it starts."""
+  claim = run_folder.Claim() if claim is None else claim
   with contextlib.ExitStack() as held:
+    held.callback(claim.end)
     stop.on_abort(held.close)
-    return _run(args, stop, held)
+    return _run(args, stop, held, claim)
 
 
-def _run(args: argparse.Namespace, stop: StopRequest, held: contextlib.ExitStack) -> int:
+def _run(args: argparse.Namespace, stop: StopRequest, held: contextlib.ExitStack,
+         claim: run_folder.Claim) -> int:
   init_distributed(args)
   mesh = checked_mesh(args)
   train_bytes, held_out = data.split(data.load_corpus())
@@ -418,18 +435,22 @@ def _run(args: argparse.Namespace, stop: StopRequest, held: contextlib.ExitStack
   opt, abstract_state, step_fn = blame_values(  # every value checked before the run folder
       args, lambda given: _planned_step(given, model, abstract))
   evaluation = _HeldOut(args, mesh, model, opt.param_shardings, held_out)
-  # Whether the run folder is new, seen by every process before the collective in agreed():
-  # after it another process may have created the folder already.
-  created, failure = args.out is None or not os.path.exists(args.out), None
-  if stop.agreed():
+  # A multi-process run takes its folder below: whether it is new is seen by every process
+  # before the collective in agreed(), after which another process may have created it.
+  new_out = not claim.taken and args.out is not None and not os.path.exists(args.out)
+  failure = None
+  if stop.agreed():  # what a claim taken before jax created is removed as the job returns
     _say(f"stopped by signal {stop.signum or 'on another process'} before the run started:"
          " nothing was created")
     return 0
   try:
-    resumed, note = run_folder.prepare(args, is_main=jax.process_index() == 0, held=held, say=_say)
+    resumed, note = run_folder.prepare(args, is_main=jax.process_index() == 0, held=held, say=_say,
+                                       claim=claim)
   except cli.UsageError as e:
     failure = e
   _agreed(failure)
+  if new_out and jax.process_index() == 0:
+    claim.adopt(os.path.normpath(args.out))
   out = pathlib.Path(args.out)
   held.callback(job_log.to_file(job_log.log_path(out, jax.process_index())))
   if note:
@@ -443,7 +464,7 @@ def _run(args: argparse.Namespace, stop: StopRequest, held: contextlib.ExitStack
                                               abstract_state, evaluation, resumed, config, guard,
                                               stop, train_bytes)
     if stopped is not None and step == start:
-      _say(_stopped_before_training(args, stopped, start, resumed, created))
+      _say(_stopped_before_training(args, stopped, start, resumed, claim))
       return 0
     metrics_path = out / "metrics.jsonl"
     if jax.process_index() == 0 and metrics_path.exists():

@@ -1,5 +1,13 @@
 """Where a run lives: its folder, what an existing folder holds, which one to resume.
 
+A run takes its folders in two parts: ``take`` checks them against the
+arguments (read only; a folder a live run holds is reported in use first,
+whatever it holds), creates them and takes their locks (launch/run_lock.py),
+a single-process run before it imports jax (its process owns the folder);
+``prepare`` settles them once every argument and the mesh are checked. What a
+run holds is a ``Claim``: its locks and the folders it created, removed again
+by one mechanism (``Claim.remove``) wherever the run ends before it started.
+
 Nothing here imports jax or orbax, so the local launcher can use it. A step
 of a checkpoint folder is finalized when its directory has an integer name
 (Orbax writes into ``<step>.orbax-checkpoint-tmp-*`` and renames it when the
@@ -7,8 +15,10 @@ save is complete).
 """
 
 import argparse
+import contextlib
 import os
 import pathlib
+import shutil
 import time
 
 from etils import epath
@@ -17,11 +27,12 @@ from launch import run_lock
 from launch.cli import UsageError
 from launch.cli import blocking_part
 
-__all__ = ["RUNS", "claim_new", "describe", "finalized_steps", "metrics_records",
-           "new_name", "newest_resumable", "prepare", "refuse_if_in_use", "set_aside_metrics",
-           "unfinished_saves"]
+__all__ = ["LOGS", "RUNS", "Claim", "claim_new", "describe", "finalized_steps",
+           "metrics_records", "new_name", "newest_resumable", "prepare", "refuse_if_in_use",
+           "set_aside_logs", "take", "unfinished_saves"]
 
 RUNS = pathlib.Path("runs")
+LOGS = ("metrics.jsonl", "samples.jsonl")  # a run's own log files: set aside by a fresh start
 _DEFAULT_PLACE = f"{RUNS} (where a run without --out goes)"  # named when it is in use
 
 
@@ -69,7 +80,7 @@ def claim_new(base: pathlib.Path) -> tuple[pathlib.Path, list[str]]:
     except FileExistsError:
       continue
     except OSError as e:
-      _undo([], created)
+      _remove_folders(created)
       raise UsageError(f"cannot create the run folder {path} ({e.strerror}); pass --out") from None
   raise UsageError(f"{base}: 999 run folders of that name exist already; pass --out")
 
@@ -139,27 +150,33 @@ def _check_writable(flag: str, path: str) -> None:
                      " there); make it writable or name another folder")
 
 
-def set_aside_metrics(folder, is_main: bool = True) -> str | None:
-  """Renames ``folder/metrics.jsonl`` of an earlier start to
-  ``metrics.before-<n>.jsonl`` (nothing is deleted); returns the new name, or
-  None when there is no such file. Only ``is_main`` renames."""
-  metrics = pathlib.Path(folder) / "metrics.jsonl"
-  if not metrics.exists():
-    return None
+def set_aside_logs(folder, is_main: bool = True) -> list[str]:
+  """Renames each of the run's log files (``LOGS``) of an earlier start in ``folder`` to
+  ``<name>.before-<n>.jsonl``, one ``n`` for all (nothing is deleted); returns the new names.
+  Only ``is_main`` renames."""
+  folder = pathlib.Path(folder)
+  found = [name for name in LOGS if (folder / name).exists()]
+  if not found:
+    return []
   for n in range(1, 1000):
-    kept = metrics.with_name(f"metrics.before-{n}.jsonl")
-    if not kept.exists():
+    kept = {name: name.replace(".jsonl", f".before-{n}.jsonl") for name in found}
+    if not any((folder / new).exists() for new in kept.values()):
       if is_main:
-        metrics.rename(kept)
-      return kept.name
-  raise UsageError(f"{metrics.parent}: 999 earlier metrics files; pass another --out")
+        for name, new in kept.items():
+          (folder / name).rename(folder / new)
+      return list(kept.values())
+  raise UsageError(f"{folder}: 999 earlier metrics files; pass another --out")
 
 
-def _fresh_into_existing(args: argparse.Namespace, is_main: bool) -> str:
-  """``--resume auto`` with no checkpoint in an existing --out: start fresh, say so."""
-  note = f"--resume auto: no checkpoint in {args.checkpoint_dir}: starting fresh"
-  kept = set_aside_metrics(args.out, is_main)
-  return note + (f" (earlier metrics kept as {kept})" if kept else "")
+def _fresh_note(args: argparse.Namespace, is_main: bool) -> str | None:
+  """A fresh start in an existing folder: its earlier log files set aside (``set_aside_logs``);
+  the line that says so (and, with ``--resume auto``, that it starts fresh)."""
+  kept = set_aside_logs(args.out, is_main)
+  files = f"the earlier run's log files kept as {', '.join(kept)}"
+  if args.resume == "auto":
+    note = f"--resume auto: no checkpoint in {args.checkpoint_dir}: starting fresh"
+    return note + (f" ({files})" if kept else "")
+  return f"starting fresh in {args.out} ({files})" if kept else None
 
 
 def _resolve_default_out(args: argparse.Namespace) -> tuple[bool, str | None, list[str]]:
@@ -197,6 +214,18 @@ def _check_contents(args: argparse.Namespace, steps: list[int]) -> None:
                      " --out or --checkpoint-dir to start afresh")
 
 
+def _check_fits(args: argparse.Namespace, steps: list[int], own=(), locks: bool = True) -> None:
+  """``_check_contents``; where the folder does not fit and (``locks``) a live run other than
+  this one (whose lock files are ``own``) holds it, that it is in use instead: what was found
+  may be that run's, started a moment ago; --resume onto a live run is never advised."""
+  try:
+    _check_contents(args, steps)
+  except UsageError:
+    if locks:
+      refuse_if_in_use(args, own)
+    raise
+
+
 def _make(flag: str, path: str) -> list[str]:
   """Creates the folder ``path`` and the missing folders above it; those it created."""
   try:
@@ -227,63 +256,120 @@ def _locks(args: argparse.Namespace) -> list[tuple[str, str, str | None]]:
   return triples
 
 
-def refuse_if_in_use(args: argparse.Namespace) -> None:
-  """Raises UsageError when another live run holds a folder of the arguments as given
-  (``run_lock``): --out or, not given, ``RUNS`` (where the run folder goes then), and
-  --checkpoint-dir. Reads only: the check before the job imports jax."""
+def refuse_if_in_use(args: argparse.Namespace, own=()) -> None:
+  """Raises UsageError when a live run other than this one (whose lock files are ``own``) holds
+  a folder of the arguments as given (``run_lock``): --out or, not given, ``RUNS`` (where the
+  run folder goes then), and --checkpoint-dir. Reads only."""
   if args.out is None:
-    run_lock.refuse_if_inside(_DEFAULT_PLACE, RUNS)
+    run_lock.refuse_if_inside(_DEFAULT_PLACE, RUNS, own)
   else:
     named, fix = _out_named(args)
-    run_lock.refuse_if_held(named, args.out, fix=fix)
-  run_lock.refuse_if_held("--checkpoint-dir", args.checkpoint_dir)
+    run_lock.refuse_if_held(named, args.out, own, fix)
+  run_lock.refuse_if_held("--checkpoint-dir", args.checkpoint_dir, own)
 
 
-def _hold(args: argparse.Namespace, default_out: bool,
-          say) -> tuple[list[run_lock.RunLock], list[str]]:
-  """Takes the run's locks, creating their folders: (locks, folders created); then, with them
-  held, refuses a folder locked that another live run holds, lies in or holds
-  (``run_lock.refuse_if_held``), and with ``default_out`` (no --out given) ``RUNS`` in another
-  run's folder. Of two runs starting at once whose folders nest, the later to take its lock
-  sees the other's. On failure releases what it took and removes the folders it created."""
-  taken, created = [], []
-  locks = _locks(args)
-  try:
-    for flag, folder, fix in locks:
-      created += _make(flag, folder)
-      taken.append(run_lock.RunLock.acquire(folder, flag, warn=say, fix=fix))
-    own = [lock.path for lock in taken]
-    if default_out:
-      run_lock.refuse_if_inside(_DEFAULT_PLACE, RUNS, own)
-    for flag, folder, fix in locks:
-      run_lock.refuse_if_held(flag, folder, own, fix)
-  except UsageError:
-    _undo(taken, created)
-    raise
-  return taken, created
+class Claim:
+  """What a run holds of its folders: ``locks`` (``run_lock.RunLock``) and ``created``, the
+  folders it created, outermost first. ``taken``: ``take`` is done; ``settled``: ``prepare``
+  is (the run starts); ``default``: (resumed?, note) where no --out or --checkpoint-dir was
+  given."""
+
+  def __init__(self):
+    self.locks, self.created = [], []
+    self.taken = self.settled = False
+    self.default = None
+
+  def adopt(self, folder: str) -> None:
+    """Counts ``folder`` as created by this run (another process of it may have made it)."""
+    if os.path.realpath(folder) not in map(os.path.realpath, self.created):
+      self.created.append(folder)
+
+  def remove(self, written: bool = False) -> list[str]:
+    """Removes what this run created and releases its locks: each folder created, innermost
+    first, when empty once its lock is released; with ``written``, also what this run wrote in
+    the folders it created and locked (nobody else writes there). Returns the folders removed,
+    innermost first. A lock refused, a failure before the run started and a signal before
+    step 1 all end here: nothing created is left."""
+    mine = {os.path.realpath(lock.path.parent): lock for lock in self.locks}
+    removed = []
+    for folder in reversed(self.created):
+      lock = mine.pop(os.path.realpath(folder), None)
+      if lock is not None:
+        if written:
+          _remove_contents(folder, keep=lock.path.name)
+        lock.release()
+      if _remove_folders([folder]):
+        removed.append(folder)
+    for lock in mine.values():
+      lock.release()
+    self.locks, self.created = [], [f for f in self.created if f not in removed]
+    return removed
+
+  def end(self) -> None:
+    """At the end of the run: releases the locks; where the run never started (``settled``),
+    removes the folders it created too."""
+    if self.settled:
+      for lock in self.locks:
+        lock.release()
+      self.locks = []
+    else:
+      self.remove()
 
 
-def _undo(taken: list, created: list[str]) -> None:
-  """Releases the locks ``taken`` and removes the folders ``created`` (outermost first) that
-  are still empty."""
-  for lock in taken:
-    lock.release()
+def _remove_contents(folder: str, keep: str) -> None:
+  """Removes everything in ``folder`` but the entry ``keep``."""
+  for entry in os.scandir(folder):
+    if entry.name == keep:
+      continue
+    if entry.is_dir(follow_symlinks=False):
+      shutil.rmtree(entry.path, ignore_errors=True)
+    else:
+      with contextlib.suppress(OSError):
+        os.unlink(entry.path)
+
+
+def _remove_folders(created: list[str]) -> list[str]:
+  """Removes the folders ``created`` (outermost first) that are empty, innermost first; those
+  removed (a folder another run wrote into is kept)."""
+  removed = []
   for folder in reversed(created):
     try:
       os.rmdir(folder)
+      removed.append(folder)
     except OSError:
-      pass  # not empty: another run wrote into it
+      pass
+  return removed
 
 
-def _claim_given(args: argparse.Namespace) -> list[str]:
-  """Checks the folders given against the arguments (read only), then, with --checkpoint-dir
-  alone, creates a new run folder (``claim_new``); the folders created."""
+def _hold(args: argparse.Namespace, default_out: bool, say, claim: Claim) -> None:
+  """Takes the run's locks into ``claim``, creating their folders; then, with them held, refuses
+  a folder locked that another live run holds, lies in or holds (``run_lock.refuse_if_held``),
+  and with ``default_out`` (no --out given) ``RUNS`` in another run's folder. Of two runs
+  starting at once whose folders nest, the later to take its lock sees the other's. The
+  caller removes what ``claim`` holds on failure."""
+  locks = _locks(args)
+  for flag, folder, fix in locks:
+    claim.created += _make(flag, folder)
+    claim.locks.append(run_lock.RunLock.acquire(folder, flag, warn=say, fix=fix))
+  own = [lock.path for lock in claim.locks]
+  if default_out:
+    run_lock.refuse_if_inside(_DEFAULT_PLACE, RUNS, own)
+  for flag, folder, fix in locks:
+    run_lock.refuse_if_held(flag, folder, own, fix)
+
+
+def _claim_given(args: argparse.Namespace, is_main: bool) -> list[str]:
+  """Checks the folders given against the arguments (read only; ``is_main``: a folder a live
+  run holds is in use, whatever it holds), then, with --checkpoint-dir alone, creates a new
+  run folder (``claim_new``); the folders created."""
   if args.checkpoint_dir is None:
     args.checkpoint_dir = os.path.join(args.out, "checkpoints")
   if args.out is not None:
     _check_writable("--out", args.out)
   _check_writable("--checkpoint-dir", args.checkpoint_dir)
-  _check_contents(args, finalized_steps(args.checkpoint_dir))  # before anything is created
+  if is_main:
+    refuse_if_in_use(args)
+  _check_fits(args, finalized_steps(args.checkpoint_dir), locks=is_main)  # nothing created yet
   if args.out is not None:
     return []
   path, created = claim_new(new_name())
@@ -291,46 +377,72 @@ def _claim_given(args: argparse.Namespace) -> list[str]:
   return created
 
 
-def _settle(args: argparse.Namespace, is_main: bool) -> tuple[bool, str | None]:
+def _settle(args: argparse.Namespace, is_main: bool, claim: Claim) -> tuple[bool, str | None]:
   """(resume?, note) of the folders given, checked again now that no other run can change
-  them; creates the run folder."""
+  them; a fresh start sets the earlier log files aside (``set_aside_logs``); creates the run
+  folder."""
   steps = finalized_steps(args.checkpoint_dir)
-  _check_contents(args, steps)
-  note = _fresh_into_existing(args, is_main) if args.resume == "auto" and not steps else None
-  _make("--out", args.out)
+  _check_fits(args, steps, [lock.path for lock in claim.locks], locks=is_main)
+  note = None if steps else _fresh_note(args, is_main)
+  claim.created += _make("--out", args.out)
   return bool(steps), note
 
 
-def prepare(args: argparse.Namespace, is_main: bool = True, held=None,
-            say=print) -> tuple[bool, str | None]:
+def take(args: argparse.Namespace, is_main: bool = True, say=print, lock: bool = True,
+         claim: Claim | None = None) -> Claim:
+  """Sets ``args.out`` and ``args.checkpoint_dir``, checks the folders against the arguments
+  (read only), creates them and, with ``lock`` and ``is_main``, takes their locks; returns what
+  the run holds (``claim``, else a new ``Claim``). Reads no checkpoint and imports no jax: a
+  single-process run calls it first (``launch/train.py``), so a second run on its folder is
+  refused at once. Raises UsageError (StorageError where a lock file cannot be written), with
+  nothing left created."""
+  claim = Claim() if claim is None else claim
+  default_out = args.out is None
+  try:
+    if default_out and args.checkpoint_dir is None:
+      if is_main:
+        refuse_if_in_use(args)
+      resumed, note, created = _resolve_default_out(args)
+      claim.created += created
+      claim.default = resumed, note
+    else:
+      claim.created += _claim_given(args, is_main)
+    if lock and is_main:
+      _hold(args, default_out, say, claim)
+  except Exception:
+    claim.remove()
+    raise
+  claim.taken = True
+  return claim
+
+
+def prepare(args: argparse.Namespace, is_main: bool = True, held=None, say=print,
+            claim: Claim | None = None) -> tuple[bool, str | None]:
   """Settles the run folder for the checked arguments; returns (resume?, note).
 
   Sets ``args.out`` and ``args.checkpoint_dir`` and creates the run folder;
-  call it only once every argument and the mesh are known to be good. With
-  ``held`` (a ``contextlib.ExitStack``) and ``is_main``, takes the lock of the
-  run folder (and of a --checkpoint-dir outside it) before anything in it is
-  read or changed, released when ``held`` closes (launch/run_lock.py). Raises
-  UsageError (nothing left created or changed) when the folder does not fit the
-  arguments: ``--resume`` with no checkpoint, a fresh start into a folder that
-  holds a run, a folder that is not writable, a folder another run holds, lies
-  in or holds.
+  call it only once every argument and the mesh are known to be good. Takes the
+  folders first (``take``) unless ``claim`` was taken already (the caller then
+  ends it: ``Claim.end``); with ``held`` (a ``contextlib.ExitStack``) and
+  ``is_main``, the lock of the run folder (and of a --checkpoint-dir outside it)
+  is taken before anything in it is read or changed, released when ``held``
+  closes (launch/run_lock.py). A fresh start in an existing folder sets its
+  earlier log files aside (``set_aside_logs``). Raises UsageError (nothing left
+  created or changed) when the folder does not fit the arguments: ``--resume``
+  with no checkpoint, a fresh start into a folder that holds a run, a folder that
+  is not writable, a folder another run holds, lies in or holds.
   """
-  default_out = args.out is None
-  default = default_out and args.checkpoint_dir is None
-  if default:
-    resumed, note, created = _resolve_default_out(args)
-  else:
-    created = _claim_given(args)
-  taken = []
+  if claim is None:
+    claim = Claim()
+    if held is not None:
+      held.callback(claim.end)
+  if not claim.taken:
+    take(args, is_main, say, lock=held is not None, claim=claim)
   try:
-    if held is not None and is_main:
-      taken, made = _hold(args, default_out, say)
-      created += made
-    if not default:
-      resumed, note = _settle(args, is_main)
-  except UsageError:
-    _undo(taken, created)
+    resumed, note = (claim.default if claim.default is not None
+                      else _settle(args, is_main, claim))
+  except Exception:
+    claim.remove()
     raise
-  if held is not None:
-    held.callback(_undo, taken, [])
+  claim.settled = True
   return resumed, note

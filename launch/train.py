@@ -36,19 +36,27 @@ def _error(error: Exception, debug: bool, named: bool) -> None:
 
 
 def _run(args, stop: StopRequest) -> int:
-  if not cli.several_processes(args) or args.process_id == 0:  # process 0 takes the lock
+  claim = None
+  if not cli.several_processes(args):  # its one process owns the folder: taken before jax
+    claim = run_folder.take(args)
+    stop.on_abort(claim.end)  # a second signal before the job starts leaves nothing either
+  elif args.process_id == 0:  # process 0 takes the lock once the processes are joined
     run_folder.refuse_if_in_use(args)  # at once, before jax is imported
-  cli.set_cpu_devices(args.cpu_devices)
-  restore_stdout = None
-  if cli.several_processes(args):  # gloo's collectives print connection lines to stdout
-    from launch import quiet_stdout  # pylint: disable=import-outside-toplevel
-    restore_stdout = quiet_stdout.python_only()
   try:
-    from launch import job  # Imports jax, so only after XLA_FLAGS is set.
-    return job.run(args, stop)
+    cli.set_cpu_devices(args.cpu_devices)
+    restore_stdout = None
+    if cli.several_processes(args):  # gloo's collectives print connection lines to stdout
+      from launch import quiet_stdout  # pylint: disable=import-outside-toplevel
+      restore_stdout = quiet_stdout.python_only()
+    try:
+      from launch import job  # Imports jax, so only after XLA_FLAGS is set.
+      return job.run(args, stop, claim)
+    finally:
+      if restore_stdout is not None:
+        restore_stdout()
   finally:
-    if restore_stdout is not None:
-      restore_stdout()
+    if claim is not None:
+      claim.end()  # (done already where the job ran: it ends the claim itself)
 
 
 def main(argv=None) -> int:

@@ -19,6 +19,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -447,6 +448,66 @@ def test_a_folder_in_use_is_refused_at_once_naming_the_holder(run, tmp_path):
   assert hashes(run) == before
 
 
+@pytest.mark.parametrize("resume", [[], ["--resume"]], ids=["fresh", "resume"])
+def test_a_folder_a_live_run_holds_is_in_use_whatever_it_holds(tmp_path, resume):
+  """A live run that started a moment ago holds the folder and has written its first metrics
+  (no checkpoint yet): the check after jax (or a multi-process job's, which takes its lock only
+  then) says the folder is in use. It said 'already holds a run ...: pass --resume' (or, with
+  --resume, 'nothing to resume'): advice to resume onto the live run."""
+  out = tmp_path / "run"
+  out.mkdir()
+  report.append_metrics(out / "metrics.jsonl", {"step": 1, "loss": 6.0})
+  held = run_lock.RunLock.acquire(out)
+  try:
+    for stack in (None, contextlib.ExitStack()):
+      with pytest.raises(cli.UsageError, match=f"^--out {out} is in use by another run .*pid"
+                         f" {os.getpid()}.*choose another --out$"):
+        run_folder.prepare(cli.parse_args(["--out", str(out), *resume]), held=stack)
+  finally:
+    held.release()
+  assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl"]
+
+
+@pytest.mark.slow
+def test_two_jobs_started_together_on_one_out(tmp_path):
+  """Started at the same moment: one trains, the other exits 2 before importing jax (its
+  imports, PYTHONPROFILEIMPORTTIME, hold no jax), within 5 s, naming the first. It was refused
+  only after importing jax (~8 s on a loaded machine): a single-process run took its lock only
+  then; it takes it first now (run_folder.take)."""
+  out = tmp_path / "run"
+  env = {**h.child_env(), "PYTHONPATH": str(h.ROOT), "PYTHONPROFILEIMPORTTIME": "1"}
+  command = [sys.executable, "-m", "launch.train", *h.TINY, "--steps", "2", "--out", str(out)]
+  logs = [(open(tmp_path / f"out-{i}", "w"), open(tmp_path / f"err-{i}", "w")) for i in range(2)]
+  started = time.monotonic()
+  jobs = [subprocess.Popen(command, cwd=h.ROOT, env=env, stdout=out_log, stderr=err_log)
+          for out_log, err_log in logs]
+  ended = {}
+  try:
+    while len(ended) < 2 and time.monotonic() - started < TIMEOUT:
+      for i, proc in enumerate(jobs):
+        if i not in ended and proc.poll() is not None:
+          ended[i] = time.monotonic() - started
+      time.sleep(0.02)
+  finally:
+    for proc, files in zip(jobs, logs):
+      h.stop(proc)
+      for f in files:
+        f.close()
+  said = [((tmp_path / f"out-{i}").read_text(), (tmp_path / f"err-{i}").read_text())
+          for i in range(2)]
+  codes = sorted(proc.returncode for proc in jobs)
+  assert codes == [0, 2], (codes, [err[-2000:] for _, err in said])
+  winner, refused = (0, 1) if jobs[0].returncode == 0 else (1, 0)
+  imports = [line for line in said[refused][1].splitlines() if line.startswith("import time:")]
+  lines = [line for line in said[refused][1].splitlines() if not line.startswith("import time:")]
+  assert imports and not any(re.search(r"\|\s+jax$", line) for line in imports)
+  assert len(lines) == 1 and lines[0].startswith(f"error: --out {out} is in use by another run"
+                                                   f" (host "), lines
+  assert f"pid {jobs[winner].pid}" in lines[0]
+  assert ended[refused] < 5, ended
+  assert [r["step"] for r in records(out)] == [1, 2]
+
+
 @pytest.mark.parametrize("resume", [[], ["auto"]], ids=["required", "auto"])
 def test_resume_without_out_of_a_newest_run_in_use_names_resume(run, tmp_path, resume):
   """--resume without --out, the newest run (which --resume picks) held by a live job: exit 2
@@ -736,6 +797,30 @@ def test_resume_auto_starts_fresh_and_says_so(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("resume,earlier", [
+    (["--resume", "auto"], ["metrics.jsonl", "samples.jsonl"]), ([], ["samples.jsonl"])],
+    ids=["resume_auto", "fresh"])
+def test_a_fresh_start_keeps_every_log_file_of_an_earlier_one(tmp_path, resume, earlier):
+  """A fresh start (--resume auto finding no checkpoint, or a run without --resume) in a folder
+  holding an earlier start's log files sets each aside as <name>.before-1.jsonl, byte for byte
+  (samples.jsonl was truncated to the new run's records while metrics.jsonl was kept)."""
+  out = tmp_path / "run"
+  out.mkdir()
+  for name in earlier:
+    report.append_metrics(out / name, {"step": 1, "loss": 6.0, "prompt": "a", "continuation": "b"})
+    report.append_metrics(out / name, {"step": 2, "loss": 5.0, "prompt": "a", "continuation": "c"})
+  before = {name: (out / name).read_bytes() for name in earlier}
+  result = job(tmp_path, *RUN, "--steps", "1", *resume, "--out", str(out))
+  assert result.code == 0, result.err[-2000:]
+  kept = [name.replace(".jsonl", ".before-1.jsonl") for name in earlier]
+  assert f"(the earlier run's log files kept as {', '.join(kept)})" in result.out, result.out
+  for name, new in zip(earlier, kept):
+    assert (out / new).read_bytes() == before[name]
+  assert [r["step"] for r in records(out)] == [1]
+  assert [r["step"] for r in report.read_metrics(out / "samples.jsonl")] == [1]
+
+
+@pytest.mark.slow
 def test_a_resume_entering_the_profile_window_partway_traces_from_its_first_step(run, tmp_path):
   """Resumed at step 4 with --profile-steps 3:6: steps 5-6 are traced and the folder named;
   a resume past its window (2:3 from step 6) says so in one line and writes no trace."""
@@ -953,12 +1038,21 @@ def test_a_torn_last_metrics_line_is_set_aside_and_the_resume_proceeds(run, tmp_
 
 
 @pytest.mark.slow
-def test_a_signal_before_step_1_leaves_no_run_folder(tmp_path):
-  out, log = tmp_path / "new", tmp_path / "log"
-  proc = h.start(["launch.train", *RUN, "--steps", "4", "--out", str(out)], log)
+@pytest.mark.parametrize("when", ["before_the_run_started", "before_step_1"])
+def test_a_signal_before_step_1_leaves_nothing_the_run_created(tmp_path, when):
+  """SIGTERM before step 1 of a new run whose --out and --checkpoint-dir are new folders in new
+  folders: all of them are removed (the run folder was, its parents and the checkpoint folder
+  were left). Sent as soon as the run folder exists (a single-process run creates it before it
+  imports jax), or once the job has printed its header (the folder settled)."""
+  out, checkpoint_dir = tmp_path / "np" / "sub" / "run", tmp_path / "ck" / "a"
+  log = tmp_path / "log"
+  proc = h.start(["launch.train", *RUN, "--steps", "4", "--out", str(out), "--checkpoint-dir",
+                  str(checkpoint_dir)], log)
+  ready = ((lambda: out.exists()) if when == "before_the_run_started" else
+           (lambda: "per-device memory plan" in log.read_text()))
   try:
     deadline = time.monotonic() + TIMEOUT
-    while not out.exists():  # created once every argument is checked; step 1 is seconds away
+    while not ready():  # step 1 is seconds away (it compiles)
       assert proc.poll() is None and time.monotonic() < deadline, "the job never started"
       time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGTERM)
@@ -966,8 +1060,14 @@ def test_a_signal_before_step_1_leaves_no_run_folder(tmp_path):
   finally:
     h.stop(proc)
   said = log.read_text().strip().splitlines()[-1]
-  assert said == f"stopped by signal 15 before step 1: nothing trained; removed the new run folder {out}"
-  assert not out.exists()
+  removed = (f"stopped by signal 15 before step 1: nothing trained; removed the new run folder"
+             f" {out} and the folders created for it: {checkpoint_dir}, {checkpoint_dir.parent},"
+             f" {out.parent}, {out.parent.parent}")
+  if when == "before_step_1":
+    assert said == removed, said
+  else:  # most likely still importing jax
+    assert said in (removed, "stopped by signal 15 before the run started: nothing was created")
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["log", "log.stderr"]
 
 
 @pytest.mark.slow
@@ -1047,3 +1147,50 @@ def test_a_disk_filled_mid_run_stops_with_one_line_and_resume_continues(tmp_path
     assert f"resumed from step {done[-1]}" in result.out
     again = {r["step"]: r["loss"] for r in records(out)}
     assert logged and all(again[r["step"]] == r["loss"] for r in logged)
+
+
+def test_a_full_disk_when_the_lock_is_created_stops_with_exit_4_leaving_nothing(tmp_path):
+  """The disk is full when the run folder's lock file is written: exit 4 (a file of the run
+  could not be written), one line naming the lock file; the folders made for it are removed
+  and no draft of the lock is left (it was exit 1, `error: OSError: [Errno 28] ...`, with an
+  empty .run.lock.<uuid> in the new folder)."""
+  with small_filesystem(tmp_path / "disk", "1m") as disk:
+    _fill(disk, leave=1)
+    out = disk / "new" / "run"
+    result = job(tmp_path, *h.TINY, "--steps", "2", "--out", str(out))
+    lines = result.err.strip().splitlines()
+    assert result.code == 4, (result.code, lines[-5:])
+    assert len(lines) == 1 and lines[0].startswith(
+        f"error: --out {out}: cannot write its lock file {out / run_lock.LOCK_NAME} (No space"
+        " left on device)"), lines
+    assert sorted(p.name for p in disk.iterdir()) == ["filler"]
+
+
+@pytest.mark.slow
+def test_a_disk_filled_before_any_checkpoint_advises_what_works(tmp_path):
+  """The disk fills before the first checkpoint: the line says there is no complete checkpoint
+  and advises --resume auto (it advised --resume, which then failed with 'nothing to resume');
+  after space is freed that command starts afresh, the metrics written kept beside."""
+  with small_filesystem(tmp_path / "disk", "48m") as disk:
+    out, log = disk / "run", tmp_path / "log"
+    flags = [*h.TINY, "--checkpoint-every", "1000", "--out", str(out)]
+    proc = h.start(["launch.train", *flags, "--steps", "400"], log)
+    try:
+      h.wait_for_steps(out, 2, proc, TIMEOUT)
+      _fill(disk, leave=1)
+      code = proc.wait(timeout=TIMEOUT)
+    finally:
+      h.stop(proc)
+    err = pathlib.Path(f"{log}.stderr").read_text().strip().splitlines()
+    assert code == 4, (code, err[-5:])
+    assert len(err) == 1 and "there is no complete checkpoint" in err[0], err
+    assert err[0].endswith("then run again with --resume auto to start afresh in it (there is"
+                           " nothing to resume; the metrics and samples written are kept as"
+                           " *.before-N.jsonl)"), err[0]
+    written = (out / "metrics.jsonl").read_bytes()
+    (disk / "filler").unlink()
+    result = job(tmp_path, *flags, "--steps", "2", "--resume", "auto")
+    assert result.code == 0, result.err[-2000:]
+    assert "starting fresh" in result.out
+    assert (out / "metrics.before-1.jsonl").read_bytes() == written
+    assert [r["step"] for r in records(out)] == [1, 2]
