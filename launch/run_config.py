@@ -19,6 +19,7 @@ the optimizer, so its state, and must match.)
 
 import argparse
 import json
+import os
 import pathlib
 import tomllib
 
@@ -57,12 +58,22 @@ def config_of(args: argparse.Namespace, process_count: int, device_count: int) -
   not a flag, never compared).
 
   A constant schedule has no horizon, so its ``schedule_steps`` is None.
+  --out and --checkpoint-dir are stored absolute, symbolic links resolved
+  (``_folder``), so a resume naming the same folder another way lists no change.
   """
   config = flags_of(args)
+  for name in ("out", "checkpoint_dir"):  # the folder itself, however the path was written
+    config[name] = _folder(config[name])
   if args.schedule == "constant":
     config["schedule_steps"] = None
   config.update(process_count=process_count, device_count=device_count, given=args.given)
   return config
+
+
+def _folder(path: str | None) -> str | None:
+  """A local folder's path absolute, normalised and with symbolic links resolved (the same
+  folder, the same string); a URL (gs://...) or None as it is."""
+  return path if path is None or "://" in path else os.path.realpath(path)
 
 
 def _default(name: str):

@@ -3,6 +3,8 @@ and --print-config round-trip, and the default learning rate per optimizer
 is the best of the committed benchmark."""
 
 import json
+import os
+import pathlib
 import re
 
 import pytest
@@ -256,6 +258,26 @@ def test_a_resumes_printed_config_pins_the_warmup_the_run_was_given(tmp_path, ca
   assert resumed.given == ["out", "resume", "steps", "warmup_steps"]
   refused, _ = run_config.compare(config, run_config.config_of(resumed, 1, 8))
   assert refused == []
+
+
+def test_the_same_folder_written_another_way_is_no_change(tmp_path, monkeypatch):
+  """The run's folders are stored absolute and normalised, links resolved: a resume naming the
+  same folder as ../x/run, by its absolute path or through a link lists no change (it listed
+  --out ../x/run -> /abs/x/run and --checkpoint-dir as changed); another folder is listed."""
+  tmp_path = pathlib.Path(os.path.realpath(tmp_path))
+  run = tmp_path / "x" / "run"
+  run.mkdir(parents=True)
+  (tmp_path / "link").symlink_to(tmp_path / "x")
+  (tmp_path / "work").mkdir()
+  monkeypatch.chdir(tmp_path / "work")
+  config = lambda *argv: run_config.config_of(cli.parse_args(list(argv)), 1, 8)
+  saved = config("--out", "../x/run", "--checkpoint-dir", "../x/run/checkpoints")
+  assert saved["out"] == str(run) and saved["checkpoint_dir"] == str(run / "checkpoints")
+  for out in (str(run), f"{tmp_path}/x/./run/", str(tmp_path / "link" / "run")):
+    assert run_config.compare(saved, config("--out", out, "--checkpoint-dir",
+                                            f"{out}/checkpoints")) == ([], [])
+  other = config("--out", "../x/other", "--checkpoint-dir", "../x/run/checkpoints")
+  assert run_config.compare(saved, other) == ([], [f"--out {run} -> {tmp_path / 'x' / 'other'}"])
 
 
 def test_a_resumes_printed_config_reads_back_with_and_without_resume(tmp_path, capsys):
