@@ -306,8 +306,9 @@ class Claim:
     return removed
 
   def end(self) -> None:
-    """At the end of the run: releases the locks; where the run never started (``settled``),
-    removes the folders it created too."""
+    """At the end of the run: releases the locks; where the run never started (not
+    ``settled``), removes the folders it created too. Done once; calling it again does
+    nothing."""
     if self.settled:
       for lock in self.locks:
         lock.release()
@@ -392,7 +393,7 @@ def take(args: argparse.Namespace, is_main: bool = True, say=print, lock: bool =
          claim: Claim | None = None) -> Claim:
   """Sets ``args.out`` and ``args.checkpoint_dir``, checks the folders against the arguments
   (read only), creates them and, with ``lock`` and ``is_main``, takes their locks; returns what
-  the run holds (``claim``, else a new ``Claim``). Reads no checkpoint and imports no jax: a
+  the run holds (``claim``, else a new ``Claim``). Restores nothing and imports no jax: a
   single-process run calls it first (``launch/train.py``), so a second run on its folder is
   refused at once. Raises UsageError (StorageError where a lock file cannot be written), with
   nothing left created."""
