@@ -177,6 +177,26 @@ def test_iterates_copies_and_accumulators_are_kept_and_reported(tx, kept):
   assert quantized_leaves  # its moments are quantized all the same
 
 
+@pytest.mark.parametrize("tx", [
+    lambda: shardopt.adam(1e-2),
+    lambda: shardopt.contrib.schedule_free_adamw(1e-2),
+    lambda: shardopt.inject_hyperparams(shardopt.adam)(learning_rate=1e-2),
+], ids=["adam", "schedule_free_adamw", "inject_hyperparams(adam)"])
+def test_every_float_leaf_is_reported_scalars_included(tx):
+  # A scalar param's moments, schedule-free's scalars and injected
+  # hyperparams are kept in float and listed with why, as every other leaf.
+  params = {"w": jnp.ones((64, 128)), "s": jnp.asarray(1.0), "b": jnp.ones((8,))}
+  state = jax.eval_shape(tx().init, params)
+  floats = {jax.tree_util.keystr(p) for p, x in jax.tree_util.tree_leaves_with_path(state)
+            if jnp.issubdtype(x.dtype, jnp.floating)}
+  report = shardopt.describe_quantized_state(shardopt.quantized_state(tx()), params)
+  assert {l.path for l in report.leaves} == floats
+  scalars = [l for l in report.leaves if l.shape == ()]
+  assert scalars and all(l.tile is None and l.reason for l in scalars)
+  assert any(l.reason.startswith("a scalar moment") and l.path.endswith("['s']")
+             for l in scalars)  # the scalar param's moments
+
+
 class Layer(NamedTuple):
   kernel: jax.Array
   bias: jax.Array

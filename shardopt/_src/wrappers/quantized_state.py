@@ -93,13 +93,13 @@ class _Quantizer:
 
   def decide(self, state, params) -> list[_Decision | None]:
     """Per leaf of ``inner``'s state: how it is stored (None: not a float
-    array, nothing to report)."""
+    array, nothing to report; a float scalar is kept and reported)."""
     kinds = moments.leaf_kinds(state, params)
     owners = ownership.state_owners(self.inner.init, params, state)
     param_shapes = [tuple(p.shape) for p in jax.tree.leaves(params)]
     decisions = []
     for leaf, kind, owner in zip(jax.tree.leaves(state), kinds, owners):
-      if not _is_float(leaf) or not leaf.shape:
+      if not _is_float(leaf):
         decisions.append(None)
         continue
       signed, bits = self._code(kind)
@@ -107,6 +107,8 @@ class _Quantizer:
         reason = f"not a declared moment ({kind.field or 'no state class'})"
       elif owner is None or tuple(leaf.shape) != param_shapes[owner]:
         reason = f"a moment not shaped like its param ({kind.field})"
+      elif not leaf.shape:
+        reason = f"a scalar moment ({kind.field}): no block to quantize"
       elif leaf.size < self.min_size:
         reason = f"{leaf.size} elements < min_size={self.min_size}"
       else:
