@@ -103,3 +103,31 @@ def test_a_params_namedtuple_is_a_container_not_a_state_class(as_tuple):
   m = moments.LeafKind(moments.SIGNED, "_PerParamState.m")
   x = moments.LeafKind(None, "_PerParamState.x")
   assert moments.leaf_kinds(state, params) == [acc, acc, m, x, m, x]
+
+
+@moments.declare_moments(kept={"inner": "of another space"})
+class _ProjectedState(NamedTuple):
+  inner: _PerParamState
+  m: jax.Array
+
+
+def test_below_a_kept_field_no_leaf_is_a_moment_and_each_says_why():
+  p = jnp.zeros((2, 3))
+  state = _ProjectedState(inner=_PerParamState(p, p), m=p)
+  kept = moments.LeafKind(None, "_ProjectedState.inner", 0, "of another space")
+  assert moments.leaf_kinds(state, p) == [kept, kept, moments.LeafKind(None, "_ProjectedState.m")]
+  with pytest.raises(ValueError, match="no field"):
+    moments.declare_moments(kept={"missing": "why"})(_PerParamState)
+
+
+def test_galores_projected_moments_are_kept_at_any_rank():
+  # At a rank reaching the param's shorter side the projected moments have
+  # the param's shape; they are still the projected gradient's, kept.
+  params = {"h": jnp.ones((64, 64))}
+  for rank in (2, 128):
+    report = shardopt.describe_quantized_state(
+        shardopt.quantized_state(shardopt.contrib.galore(1e-2, rank=rank), bits=4), params)
+    base = [l for l in report.leaves if ".base_optimizer_state." in l.path]
+    assert base and all(l.tile is None for l in base)
+    assert all(l.reason == "moments of the projected gradient, not of the param"
+               " (GaLoreState.base_optimizer_state)" for l in base), base

@@ -20,7 +20,10 @@ Every leaf below a declared field (the field holds a tree shaped like the
 params) is that kind of moment. A field may also declare the fewest bits
 that keep its optimizer's update accurate (``min_bits={"m": 8}``):
 ``quantized_state`` asked for fewer stores it at that width and reports
-so. optax's own state classes, for optax transformations passed to
+so. A field holding another transformation's state may declare that its
+moments are not of the params' elements (``kept={"base_optimizer_state":
+why}``: GaLore's Adam moments of the projected gradient): nothing below it
+is a moment. optax's own state classes, for optax transformations passed to
 shardopt's wrappers, are declared in ``OPTAX_MOMENTS`` (their floors in
 ``OPTAX_MIN_BITS``), keyed by the class's module and qualified name; a
 state class declared nowhere has no moments. The decision depends on the
@@ -54,6 +57,7 @@ _KINDS = (SIGNED, NONNEGATIVE)
 
 _DECLARED: dict[type, Mapping[str, str]] = {}
 _MIN_BITS: dict[type, Mapping[str, int]] = {}
+_KEPT: dict[type, Mapping[str, str]] = {}
 
 _ADAM = {"mu": SIGNED, "nu": NONNEGATIVE}
 # optax 0.2.8's state classes: "module.QualifiedName" -> {field: kind}.
@@ -106,12 +110,15 @@ OPTAX_MIN_BITS: Mapping[str, Mapping[str, int]] = {
 
 
 def declare_moments(min_bits: Mapping[str, int] | None = None,
+                    kept: Mapping[str, str] | None = None,
                     **fields: str) -> Callable[[type], type]:
   """Class decorator: the named fields of a state class are moments.
 
   Args:
     min_bits: field -> the fewest bits (8) its quantized code may have,
       for a moment whose optimizer loses accuracy at 4 bits.
+    kept: field -> why: a field holding state whose moments are not of the
+      params' elements; no leaf below it is a moment.
     **fields: field name -> ``SIGNED`` or ``NONNEGATIVE``.
 
   Returns:
@@ -128,12 +135,13 @@ def declare_moments(min_bits: Mapping[str, int] | None = None,
                        "expected 4 or 8 for a field declared a moment.")
 
   def register(cls: type) -> type:
-    unknown = set(fields) - set(getattr(cls, "_fields", ()))
+    unknown = (set(fields) | set(kept or {})) - set(getattr(cls, "_fields", ()))
     if unknown:
       raise ValueError(f"declare_moments: {cls.__qualname__} has no field "
                        f"{sorted(unknown)} (fields: {cls._fields}).")
     _DECLARED[cls] = dict(fields)
     _MIN_BITS[cls] = min_bits
+    _KEPT[cls] = dict(kept or {})
     return cls
 
   return register
@@ -162,12 +170,14 @@ def _optax_key(cls: type) -> str:
 
 class LeafKind(NamedTuple):
   """What one state leaf is: its moment kind (None: not a moment), the
-  state class and field it lies in (``"ScaleByAdamState.mu"``, or ``""``)
-  and the fewest bits its field declares (0: any)."""
+  state class and field it lies in (``"ScaleByAdamState.mu"``, or ``""``),
+  the fewest bits its field declares (0: any) and, below a field declared
+  ``kept``, why it is no moment."""
 
   kind: str | None
   field: str
   min_bits: int = 0
+  kept: str = ""
 
 
 def _children(node) -> list[Any]:
@@ -194,14 +204,16 @@ def _named_tuple_classes(tree) -> set[type]:
 
 def _walk(node, found: LeafKind, params_classes: set[type],
           out: list[LeafKind]) -> None:
-  if (_is_named_tuple(node) and found.kind is None
+  if (_is_named_tuple(node) and found.kind is None and not found.kept
       and type(node) not in params_classes):
     declared = declared_moments(type(node)) or {}
     floors = declared_min_bits(type(node))
+    kept = _KEPT.get(type(node), {})
     for name, child in zip(node._fields, node):
       _walk(child, LeafKind(declared.get(name),
                             f"{type(node).__name__}.{name}",
-                            floors.get(name, 0)), params_classes, out)
+                            floors.get(name, 0), kept.get(name, "")),
+            params_classes, out)
     return
   if _is_leaf(node):
     out.append(found)

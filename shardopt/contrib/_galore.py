@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from shardopt._src import base
+from shardopt._src import moments
 from shardopt._src import numerics
 from shardopt._src import typed_layouts
 from shardopt._src.transforms import adam as adam_lib
@@ -42,6 +43,13 @@ class GaLoreDimensionNumbers(NamedTuple):
 GaLoreDimNumsOrFn = GaLoreDimensionNumbers | Any | Callable[[Any], Any]
 
 
+# The base optimizer's moments are of the projected gradient, not of the
+# param's elements: quantized_state keeps them as they are. (At a rank that
+# reaches a param's shorter side they have the param's shape; quantized with
+# the param's tiles, Adam's updates moved 29-34% off float state's over 5
+# steps at 4 bits, 4.1-5.4% at 8: a (64, 64) param, rank 128, 3 seeds.)
+@moments.declare_moments(kept={
+    "base_optimizer_state": "moments of the projected gradient, not of the param"})
 class GaLoreState(NamedTuple):
   """Step count, the base optimizer's (low-rank) state, the projectors."""
 

@@ -104,7 +104,8 @@ class _Quantizer:
         continue
       signed, bits = self._code(kind)
       if kind.kind is None:
-        reason = f"not a declared moment ({kind.field or 'no state class'})"
+        reason = (f"{kind.kept} ({kind.field})" if kind.kept else
+                  f"not a declared moment ({kind.field or 'no state class'})")
       elif owner is None or tuple(leaf.shape) != param_shapes[owner]:
         reason = f"a moment not shaped like its param ({kind.field})"
       elif not leaf.shape:
