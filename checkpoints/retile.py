@@ -20,6 +20,7 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
+from jax.sharding import SingleDeviceSharding
 
 import shardopt
 from checkpoints import layout
@@ -53,11 +54,17 @@ def _stand_in(saved_spec: dict, like) -> jax.ShapeDtypeStruct:
   """A leaf of the saved shape, in ``like``'s spec where it divides (else
   whole on every device), in device memory: ``retile`` computes on it there
   and writes the result to the memory ``like`` lives in (host-offloaded
-  state: ``state_memory_kind``)."""
+  state: ``state_memory_kind``). A target on one device reads it whole
+  there; one without a sharding keeps none (the read then says what to
+  pass, as for any leaf)."""
   shape = tuple(saved_spec["shape"])
-  spec = like.sharding.spec if _divides(shape, like.sharding) else PartitionSpec()
-  return jax.ShapeDtypeStruct(shape, like.dtype,
-                              sharding=NamedSharding(like.sharding.mesh, spec))
+  sharding = getattr(like, "sharding", None)
+  if isinstance(sharding, NamedSharding):
+    spec = sharding.spec if _divides(shape, sharding) else PartitionSpec()
+    sharding = NamedSharding(sharding.mesh, spec)
+  elif isinstance(sharding, SingleDeviceSharding):
+    sharding = SingleDeviceSharding(next(iter(sharding.device_set)))
+  return jax.ShapeDtypeStruct(shape, like.dtype, sharding=sharding)
 
 
 def code_notes(tree: Any, prefix: str = "") -> dict[str, dict]:

@@ -674,6 +674,29 @@ def test_checkpoint_restores_onto_other_meshes(tmp_path, saved_on, restored_on):
     assert restored.retiled  # blocks fitted to (2, 4)'s shards differ here
 
 
+def test_checkpoint_restores_into_plain_unsharded_state(tmp_path):
+  """Saved on (2, 4) with ZeRO, restored into ``tx.init`` of host params
+  (arrays on one device, tiles of the whole leaves): re-tiled there, each
+  decoded value within one quantization step, and an update runs. A target
+  without shardings (``jax.eval_shape``) gets the error every state gets."""
+  state = _trained_state(_mesh(), 8)
+  saved = jax.device_get(state)
+  with checkpoints.CheckpointManager(tmp_path) as manager:
+    manager.save(3, {"opt_state": state}, force=True)
+    manager.wait_until_finished()
+  tx = shardopt.quantized_state(shardopt.adamw(1e-2), 8)
+  with checkpoints.CheckpointManager(tmp_path, read_only=True) as manager:
+    restored = manager.restore({"opt_state": tx.init(_host_params())})
+    with pytest.raises(ValueError, match="has no sharding: pass a jax.ShapeDtypeStruct"):
+      manager.restore({"opt_state": jax.eval_shape(tx.init, _host_params())})
+  got = restored.state["opt_state"]
+  assert restored.retiled
+  for g, w in zip(_decoded(got), _decoded(saved)):
+    np.testing.assert_allclose(g, w, rtol=1 / 16 + 1e-6, atol=np.max(np.abs(w)) / 126)
+  updates, _ = tx.update(_grads(_host_params(), 0), got, _host_params())
+  assert all(bool(jnp.all(jnp.isfinite(u))) for u in jax.tree.leaves(updates))
+
+
 def _is_q(x) -> bool:
   return isinstance(x, shardopt.QuantizedArray)
 
