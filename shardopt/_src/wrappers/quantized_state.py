@@ -268,7 +268,10 @@ def quantized_state(
   ``contrib.soap``'s first moment: 41%, 25% and 56% off their float-state
   updates at 4 bits; through the table, the second moment of optax's
   AdaBelief class, which also holds optax's AcProp) is stored at 8 bits
-  under ``bits=4``, and the report says so.
+  under ``bits=4``, and the report says so. A state field may declare that
+  the moments below it are not of the params' elements (``contrib.galore``'s
+  base optimizer's, of the projected gradient): they stay in float at any
+  rank, with that reason.
 
   Blocks and shards. When ``init`` is traced with the params typed by their
   layout (``shardopt.make_sharded_optimizer``, ``shardopt.state_shardings``
