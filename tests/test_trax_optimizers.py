@@ -186,6 +186,26 @@ def sm3(**kwargs):
   return shardopt.trax_sm3(**{"learning_rate": 0.1, "momentum": 0.5, **kwargs})
 
 
+def test_adafactor_on_bfloat16_params_keeps_its_state_dtypes_across_steps():
+  # float32 statistics (trax's factored ones are), bfloat16 updates; a state
+  # whose dtypes changed at the first update could not be a scan's carry.
+  params = {"m": jnp.full((4, 8), 0.5, jnp.bfloat16), "b": jnp.ones((4,), jnp.bfloat16)}
+  grads = jax.tree.map(lambda p: jnp.linspace(-0.3, 0.2, p.size, dtype=p.dtype).reshape(p.shape),
+                       params)
+  tx = shardopt.trax_adafactor()
+  state = tx.init(params)
+  dtypes = jax.tree.map(lambda x: x.dtype, state)
+  assert {x for x in jax.tree.leaves(dtypes) if x != jnp.int32} == {np.dtype("float32")}
+  final, updates = jax.lax.scan(lambda s, _: tx.update(grads, s, params)[::-1], state, length=3)
+  assert jax.tree.map(lambda x: x.dtype, final) == dtypes
+  assert {u.dtype for u in jax.tree.leaves(updates)} == {np.dtype(jnp.bfloat16)}
+  wide = jax.tree.map(lambda x: x.astype(jnp.float32), (params, grads))
+  _, want = jax.lax.scan(lambda s, _: tx.update(wide[1], s, wide[0])[::-1],
+                         tx.init(wide[0]), length=3)
+  for got, w in zip(jax.tree.leaves(updates), jax.tree.leaves(want)):
+    np.testing.assert_allclose(np.float32(got), w, rtol=2 ** -7)
+
+
 def test_sm3_first_step_and_max_covers():
   new, state = one_step(sm3(), G, jnp.zeros((2, 2)))
   # a = g^2, pg = sign(g) = 1, EMA momentum m = 0.5 * 1.

@@ -1,8 +1,11 @@
 """trax's Adafactor: factored second moments over the last two dimensions.
 
-Part of the trax-semantics family (see ``shardopt.trax_optimizers``). Its
-row/column statistics are means of the param's ``zeros_like``, so they keep
-the mesh axis of the dimension they keep.
+Part of the trax-semantics family (``shardopt.trax_adam``, ``trax_momentum``,
+``trax_rmsprop``, ``trax_adafactor``, ``trax_sm3``). Its row/column statistics
+are means of the param's ``zeros_like``, so they keep the mesh axis of the
+dimension they keep; they are float32 at least (as trax keeps its factored
+statistics) whatever the params' dtype, and every state leaf keeps its
+dtype across steps.
 """
 
 from typing import Any
@@ -114,13 +117,13 @@ def trax_adafactor(
       return jax.tree.map(lambda p: make(p) if condition(p) else None, params)
 
     is_factored = lambda p: _is_factored(p, factored)
-    zeros = jnp.zeros_like
+    zeros = lambda p: jnp.zeros_like(p, jnp.promote_types(p.dtype, jnp.float32))
     return TraxAdafactorState(
         count=jnp.zeros([], jnp.int32),
         v_row=slot(lambda p: zeros(p).mean(axis=-1), is_factored),
         v_col=slot(lambda p: zeros(p).mean(axis=-2), is_factored),
         v=slot(zeros, lambda p: not is_factored(p)),
-        momentum=slot(lambda p: zeros(p, dtype=momentum_dtype), lambda p: do_momentum),
+        momentum=slot(lambda p: jnp.zeros_like(p, momentum_dtype), lambda p: do_momentum),
     )
 
   def second_moment_direction(g, v_row, v_col, v, rho):
@@ -145,7 +148,10 @@ def trax_adafactor(
     decay = _weight_decay_at(count, weight_decay_rate, weight_decay_n_steps)
 
     def per_param(g, w, v_row, v_col, v, m):
+      old = (v_row, v_col, v)
       y, v_row, v_col, v = second_moment_direction(g, v_row, v_col, v, rho)
+      v_row, v_col, v = (None if x is None else x.astype(o.dtype)
+                         for x, o in zip((v_row, v_col, v), old))
       if do_clipping:
         y = y / jnp.maximum(1.0, jnp.sqrt(jnp.mean(y * y)) / clipping_threshold)
       scale = lr
@@ -155,7 +161,7 @@ def trax_adafactor(
       if m is not None:
         step = beta1 * m.astype(step.dtype) + (1.0 - beta1) * step
         m = step.astype(momentum_dtype)
-      return -step - decay * w, v_row, v_col, v, m
+      return (-step - decay * w).astype(g.dtype), v_row, v_col, v, m
 
     leaves, treedef = jax.tree.flatten(updates)
     slots = [

@@ -1,6 +1,7 @@
 """trax's SM3: per-dimension max covers with EMA, heavy-ball or Nesterov momentum.
 
-Part of the trax-semantics family (see ``shardopt.trax_optimizers``). Each
+Part of the trax-semantics family (``shardopt.trax_adam``, ``trax_momentum``,
+``trax_rmsprop``, ``trax_adafactor``, ``trax_sm3``). Each
 cover is a max-reduction of the param's ``zeros_like`` over the other axes,
 so it keeps its own dimension's mesh axis.
 """
