@@ -152,3 +152,23 @@ def test_multi_steps_forwards_extra_args_and_checks_skip_output():
                             should_skip_update_fn=lambda u, s, p: (1, ()))
   with pytest.raises(ValueError, match="bool scalar"):
     bad.update(jnp.ones(2), bad.init(jnp.ones(2)))
+
+
+def test_a_nan_gradient_reaches_its_gradient_step_and_no_later_one():
+  # optax keeps the nan in its accumulator (0 * nan) and every later update,
+  # zeros included, is nan; shardopt's accumulator restarts at each emit.
+  grads = [jnp.array([jnp.nan, 0.0]), jnp.array([0.0, 1.0]),
+           jnp.array([0.0, 0.0]), jnp.array([1.0, 1.0])]
+  def run(lib):
+    tx = lib.MultiSteps(lib.sgd(0.1), 2)
+    state, params, out = tx.init(jnp.zeros(2)), jnp.zeros(2), []
+    for g in grads:
+      u, state = tx.update(g, state, params)
+      out.append(np.asarray(u))
+    return np.stack(out), state
+  ours, state = run(shardopt)
+  theirs, _ = run(optax)
+  np.testing.assert_array_equal(ours[1], theirs[1])  # the emit of the nan's step, as optax's
+  np.testing.assert_allclose(ours[[0, 2, 3]], [[0.0, 0.0], [0.0, 0.0], [-0.05, -0.05]], rtol=1e-6)
+  assert np.isnan(theirs[:, 0]).all()
+  assert np.isfinite(np.asarray(state.acc_grads)).all()

@@ -110,6 +110,11 @@ class MultiSteps:
   not happened. Use ``MultiSteps(...).gradient_transformation()`` where a
   ``GradientTransformation`` is expected.
 
+  A non-finite gradient reaches only the update its gradient step emits:
+  the updates between emits are zeros and each emit starts the accumulator
+  again from zeros, where optax multiplies by 0 and keeps the nan (every
+  update of optax's after it, the zeros included, is nan).
+
   Args:
     opt: the inner optimizer.
     every_k_schedule: k, an int or a function of the gradient step (varying
