@@ -243,11 +243,15 @@ def test_sm3_momentum_types(momentum_type, expected_second_update):
   np.testing.assert_allclose(updates, -expected_second_update, rtol=1e-6)
 
 
-def test_sm3_second_moment_averaging_and_weight_decay():
-  # beta2 = 0.5: a = 0.5 g^2, pg = g / sqrt(0.5 g^2) + wd w = sqrt(2) + 0.1 * 2.
+def test_sm3_second_moment_averaging_grafts_onto_adagrad_then_decays():
+  # beta2 = 0.5: a = 0.5 g^2, pg = g / sqrt(a) = (sqrt 2, sqrt 2), scaled (trax's
+  # graft) to the norm of AdaGrad's g / sqrt(g^2) = (1, 1): pg = (1, 1); then
+  # + wd w = (0.2, -0.1); w - lr pg = (2 - 0.12, -1 - 0.09).
   tx = sm3(momentum=0.0, second_moment_averaging=0.5, weight_decay=0.1)
-  new, _ = one_step(tx, jnp.array([3.0]), jnp.array([2.0]))
-  np.testing.assert_allclose(new, [2.0 - 0.1 * (math.sqrt(2) + 0.2)], rtol=1e-6)
+  new, state = one_step(tx, jnp.array([3.0, 1.0]), jnp.array([2.0, -1.0]))
+  np.testing.assert_allclose(new, [1.88, -1.09], rtol=1e-6)
+  np.testing.assert_allclose(state.graft_covers[0], [9.0, 1.0])  # plain sums of g^2
+  assert sm3().init(jnp.ones(2)).graft_covers is None  # beta2 = 1: no graft
 
 
 def test_states_keep_param_shardings_through_init():

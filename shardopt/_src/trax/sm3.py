@@ -33,13 +33,17 @@ class MomentumType(enum.IntEnum):
   NESTEROV = 3
 
 
-@moments.declare_moments(momentum=moments.SIGNED, covers=moments.NONNEGATIVE)
+@moments.declare_moments(momentum=moments.SIGNED, covers=moments.NONNEGATIVE,
+                         graft_covers=moments.NONNEGATIVE)
 class TraxSM3State(NamedTuple):
-  """Step count, momentum and, per param, one max-cover per dimension."""
+  """Step count, momentum and, per param, one max-cover per dimension; with
+  ``second_moment_averaging != 1``, AdaGrad's covers too (``graft_covers``,
+  else None)."""
 
   count: jax.Array
   momentum: Any
   covers: Any
+  graft_covers: Any = None
 
 
 def _covers_of(p) -> tuple:
@@ -66,6 +70,12 @@ def _accumulator_from_covers(covers, ndim: int) -> jax.Array:
   return accumulator
 
 
+def _preconditioned(g, accumulator) -> jax.Array:
+  """``g / sqrt(accumulator)``, 0 where the accumulator is 0."""
+  safe = jnp.where(accumulator > 0, accumulator, 1.0)
+  return jnp.where(accumulator > 0, g * jax.lax.rsqrt(safe), 0.0)
+
+
 def _new_covers(accumulator, ndim: int) -> tuple:
   if ndim == 0:
     return (accumulator,)
@@ -90,7 +100,9 @@ def trax_sm3(
   w``; momentum: EMA ``m <- b m + (1 - b) pg``, step ``m``; heavy ball ``m
   <- b m + pg``, step ``m``; Nesterov ``m <- b m + pg``, step ``b m + pg``;
   ``w <- w - lr * step``; each cover becomes the max of ``a`` over the other
-  dimensions.
+  dimensions. With ``beta2 != 1`` trax grafts: before the weight decay,
+  ``pg`` is scaled to the norm (over the param) of AdaGrad's ``g / sqrt(s)``,
+  ``s = min_i graft_cover_i + g^2`` from plain-sum covers kept alongside.
 
   Args:
     learning_rate: a scalar or a schedule of the step count (default 0.01).
@@ -110,13 +122,15 @@ def trax_sm3(
     (https://arxiv.org/abs/1901.11150); trax's ``trax.optimizers.SM3``.
   """
   beta2 = second_moment_averaging
-  gain = 1.0 if beta2 == 1.0 else 1.0 - beta2
+  graft = beta2 != 1.0
+  gain = 1.0 - beta2 if graft else 1.0
 
   def init_fn(params):
     return TraxSM3State(
         count=jnp.zeros([], jnp.int32),
         momentum=jax.tree.map(jnp.zeros_like, params),
         covers=jax.tree.map(_covers_of, params),
+        graft_covers=jax.tree.map(_covers_of, params) if graft else None,
     )
 
   def momentum_step(pg, m):
@@ -137,22 +151,27 @@ def trax_sm3(
     weights = treedef.flatten_up_to(params) if params is not None else [None] * len(leaves)
     moms = treedef.flatten_up_to(state.momentum)
     covers = treedef.flatten_up_to(state.covers)
+    grafts = (treedef.flatten_up_to(state.graft_covers) if graft
+              else [None] * len(leaves))
 
-    def per_param(g, w, m, cover):
-      accumulator = _accumulator_from_covers(cover, g.ndim)
-      accumulator = beta2 * accumulator + gain * numerics.abs_sq(g)
-      safe = jnp.where(accumulator > 0, accumulator, 1.0)
-      pg = jnp.where(accumulator > 0, g * jax.lax.rsqrt(safe), 0.0)
+    def per_param(g, w, m, cover, graft_cover):
+      accumulator = beta2 * _accumulator_from_covers(cover, g.ndim) + gain * numerics.abs_sq(g)
+      pg = _preconditioned(g, accumulator)
+      if graft:
+        plain = _accumulator_from_covers(graft_cover, g.ndim) + numerics.abs_sq(g)
+        norm = jnp.linalg.norm(_preconditioned(g, plain))
+        pg = pg * (norm / (jnp.linalg.norm(pg) + 1e-16))
+        graft_cover = _new_covers(plain, g.ndim)
       if weight_decay:
         pg = pg + weight_decay * w
       step, m = momentum_step(pg, m)
-      return -lr * step, m, _new_covers(accumulator, g.ndim)
+      return -lr * step, m, _new_covers(accumulator, g.ndim), graft_cover
 
-    results = [per_param(*args) for args in zip(leaves, weights, moms, covers)]
+    results = [per_param(*args) for args in zip(leaves, weights, moms, covers, grafts)]
     unflatten = lambda i: treedef.unflatten([r[i] for r in results])
     new_state = TraxSM3State(
-        numerics.safe_increment(state.count), unflatten(1), unflatten(2)
-    )
+        numerics.safe_increment(state.count), unflatten(1), unflatten(2),
+        unflatten(3) if graft else None)
     return unflatten(0), new_state
 
   return base.GradientTransformation(init_fn, update_fn)
