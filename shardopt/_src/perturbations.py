@@ -23,13 +23,15 @@ from shardopt._src.tree_reductions import tree_sum
 __all__ = ["Gumbel", "make_perturbed_fun", "Normal"]
 
 
-class Normal:
-  """The standard normal distribution, as a noise for
-  ``make_perturbed_fun``."""
+class _Noise:
+  """A noise distribution for ``make_perturbed_fun``: ``_draw`` samples it
+  (a ``jax.random`` sampler), ``log_prob`` is its log-density."""
+
+  _draw = None
 
   def sample(self, key: jax.typing.ArrayLike, sample_shape: tuple[int, ...] = (),
              dtype: jax.typing.DTypeLike = float) -> jax.Array:
-    """Draws standard normal samples.
+    """Draws samples.
 
     Args:
       key: a PRNG key.
@@ -39,7 +41,14 @@ class Normal:
     Returns:
       An array of ``sample_shape`` and ``dtype``.
     """
-    return jax.random.normal(key, sample_shape, dtype)
+    return self._draw(key, sample_shape, dtype)
+
+
+class Normal(_Noise):
+  """The standard normal distribution, as a noise for
+  ``make_perturbed_fun``."""
+
+  _draw = staticmethod(jax.random.normal)
 
   def log_prob(self, inputs: jax.Array) -> jax.Array:
     """The log-density up to a constant, ``-x**2 / 2``.
@@ -53,23 +62,11 @@ class Normal:
     return -0.5 * inputs**2
 
 
-class Gumbel:
+class Gumbel(_Noise):
   """The standard Gumbel distribution, as a noise for
   ``make_perturbed_fun`` (its default)."""
 
-  def sample(self, key: jax.typing.ArrayLike, sample_shape: tuple[int, ...] = (),
-             dtype: jax.typing.DTypeLike = float) -> jax.Array:
-    """Draws standard Gumbel samples.
-
-    Args:
-      key: a PRNG key.
-      sample_shape: the samples' shape.
-      dtype: their dtype.
-
-    Returns:
-      An array of ``sample_shape`` and ``dtype``.
-    """
-    return jax.random.gumbel(key, sample_shape, dtype)
+  _draw = staticmethod(jax.random.gumbel)
 
   def log_prob(self, inputs: jax.Array) -> jax.Array:
     """The log-density, ``-x - exp(-x)``.
