@@ -156,21 +156,33 @@ def _start_training(tmp_path, *args):
   return launcher, _children(launcher.pid), out, log
 
 
+def _exit_after(launcher, children, act, timeout: float):
+  """Runs ``act()``, then waits up to ``timeout`` s for the launcher to exit: (its exit code,
+  seconds from ``act`` to the exit, what ``act`` returned). The launcher is stopped and every
+  process of it gone when this returns or raises."""
+  try:
+    acted = act()
+    start = time.monotonic()
+    code = launcher.wait(timeout=timeout)
+    return code, time.monotonic() - start, acted
+  finally:
+    h.stop(launcher)
+    _wait_gone(children, 10)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_a_signal_to_the_launcher_stops_every_process_at_one_step_and_saves(tmp_path, signum):
   """jax's preemption service took SIGTERM from the job's handler, so the job trained on to
   --steps; SIGHUP ended the launcher and left both processes. The launcher passes each on as
   SIGTERM: every process stops at the same step a few after the signal, saves it, exits 0."""
   launcher, children, out, log = _start_training(tmp_path, "--checkpoint-every", "1000")
-  try:
+
+  def signal_the_launcher():
     seen = len(h.losses(out))
     launcher.send_signal(signum)
-    start = time.monotonic()
-    code = launcher.wait(timeout=60)
-    took = time.monotonic() - start
-  finally:
-    h.stop(launcher)
-    _wait_gone(children, 10)
+    return seen
+
+  code, took, seen = _exit_after(launcher, children, signal_the_launcher, 60)
   text, stopped = log.read_text(), len(h.losses(out))
   assert code == 0, (code, text[-1500:], pathlib.Path(f"{log}.stderr").read_text()[-1500:])
   assert f"[0] stopped by signal 15 after step {stopped}; checkpoint saved" in text
@@ -200,14 +212,8 @@ def test_a_process_failing_with_an_error_stops_the_job_within_seconds(tmp_path):
   exited 134. Now it leaves without the barrier and process 1's collective fails at once."""
   launcher, children, out, log = _start_training(tmp_path, "--checkpoint-every", "2",
                                                  "--sample-every", "8")
-  try:
-    (out / "samples.jsonl").mkdir()  # the sample of step 8 cannot be written
-    start = time.monotonic()
-    code = launcher.wait(timeout=90)
-    took = time.monotonic() - start
-  finally:
-    h.stop(launcher)
-    _wait_gone(children, 10)
+  # The sample of step 8 cannot be written.
+  code, took, _ = _exit_after(launcher, children, (out / "samples.jsonl").mkdir, 90)
   err = pathlib.Path(f"{log}.stderr").read_text()
   assert code == 4, (code, err[-2000:])
   assert "[launcher] process 0 exited with 4: stopping the others" in log.read_text()
@@ -239,12 +245,9 @@ def test_sigterm_to_one_process_stops_every_process_and_says_so(tmp_path):
   """SIGTERM to process 1 alone: every process stops after the same step and saves it; process
   0, which got no signal, said `done: N steps` where N was far below --steps."""
   launcher, children, out, log = _start_training(tmp_path, "--checkpoint-every", "1000")
-  try:
-    os.kill(_child_with_process_id(launcher.pid, 1), signal.SIGTERM)
-    code = launcher.wait(timeout=60)
-  finally:
-    h.stop(launcher)
-    _wait_gone(children, 10)
+  code, _, _ = _exit_after(
+      launcher, children,
+      lambda: os.kill(_child_with_process_id(launcher.pid, 1), signal.SIGTERM), 60)
   text, stopped = log.read_text(), len(h.losses(out))
   assert code == 0, (code, text[-1500:])
   assert f"[0] stopped by signal 15 after step {stopped}; checkpoint saved" in text, text[-1500:]
