@@ -7,23 +7,16 @@ import inspect
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 import pytest
 
 from shardopt import perturbations
+from tests.oracle import assert_trees_close
 from tests.test_docstrings import docstring_problems
 
 _OURS, _THEIRS = perturbations, optax.perturbations
 _NUM_SAMPLES = 64
 
-
-def _assert_same(got, want, rtol=1e-6):
-  assert jax.tree.structure(got) == jax.tree.structure(want)
-  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-    assert (g.dtype, g.shape) == (w.dtype, w.shape)
-    np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32),
-                               rtol=rtol, atol=0)
 
 
 def _relu_sum(x):
@@ -55,27 +48,27 @@ def test_values_and_gradients_match_optax_with_the_same_key(noise, use_baseline)
   key, x = jax.random.key(0), _tree(1)
   for fun in (_relu_sum, _argmax_one_hot):
     ours, theirs = (_perturbed(m, fun, noise, use_baseline) for m in (_OURS, _THEIRS))
-    _assert_same(jax.jit(ours)(key, x), jax.jit(theirs)(key, x))
+    assert_trees_close(jax.jit(ours)(key, x), jax.jit(theirs)(key, x))
   # A scalar function's gradient, and a pytree-valued one's Jacobian.
   grad = lambda m: jax.jit(jax.grad(_perturbed(m, _relu_sum, noise, use_baseline),
                                     argnums=1))
-  _assert_same(grad(_OURS)(key, x), grad(_THEIRS)(key, x))
+  assert_trees_close(grad(_OURS)(key, x), grad(_THEIRS)(key, x))
   vector = x["a"]
   jacobian = lambda m: jax.jit(jax.jacobian(
       _perturbed(m, _argmax_one_hot, noise, use_baseline), argnums=1))
-  _assert_same(jacobian(_OURS)(key, vector), jacobian(_THEIRS)(key, vector))
+  assert_trees_close(jacobian(_OURS)(key, vector), jacobian(_THEIRS)(key, vector))
 
 
 def test_eager_values_default_arguments_and_second_derivatives():
   # The defaults (1000 samples, sigma 0.1, Gumbel noise, a baseline), eagerly.
   key, x = jax.random.PRNGKey(3), jnp.array([0.05, -0.02, 0.3])
   ours, theirs = (m.make_perturbed_fun(_relu_sum) for m in (_OURS, _THEIRS))
-  _assert_same(ours(key, x), theirs(key, x))
+  assert_trees_close(ours(key, x), theirs(key, x))
   # Derivatives of any order: the Hessian estimate (the magic box's second
   # derivative), on a small sample.
   hessian = lambda m: jax.jit(jax.hessian(
       _perturbed(m, _relu_sum, "Normal", True), argnums=1))
-  _assert_same(hessian(_OURS)(key, x), hessian(_THEIRS)(key, x))
+  assert_trees_close(hessian(_OURS)(key, x), hessian(_THEIRS)(key, x))
 
 
 def test_vmap_over_keys_and_inputs_and_an_array_sigma():
@@ -83,10 +76,10 @@ def test_vmap_over_keys_and_inputs_and_an_array_sigma():
   xs = jax.random.normal(jax.random.PRNGKey(5), (3, 6))
   sigma = jnp.float32(0.3)
   run = lambda m: jax.jit(jax.vmap(_perturbed(m, _argmax_one_hot, "Gumbel", True, sigma)))
-  _assert_same(run(_OURS)(keys, xs), run(_THEIRS)(keys, xs))
+  assert_trees_close(run(_OURS)(keys, xs), run(_THEIRS)(keys, xs))
   grads = lambda m: jax.jit(jax.vmap(jax.grad(
       _perturbed(m, _relu_sum, "Gumbel", True, sigma), argnums=1)))
-  _assert_same(grads(_OURS)(keys, xs), grads(_THEIRS)(keys, xs))
+  assert_trees_close(grads(_OURS)(keys, xs), grads(_THEIRS)(keys, xs))
 
 
 def test_bfloat16_inputs_give_optaxs_dtypes():
@@ -94,9 +87,9 @@ def test_bfloat16_inputs_give_optaxs_dtypes():
   x = {"a": jnp.array([0.5, -1.0, 2.0], jnp.bfloat16), "b": jnp.array([0.25, 1.0])}
   for fun in (_relu_sum, _argmax_one_hot):
     ours, theirs = (_perturbed(m, fun, "Normal", True) for m in (_OURS, _THEIRS))
-    _assert_same(jax.jit(ours)(key, x), jax.jit(theirs)(key, x))
+    assert_trees_close(jax.jit(ours)(key, x), jax.jit(theirs)(key, x))
   grad = lambda m: jax.jit(jax.grad(_perturbed(m, _relu_sum, "Normal", True), argnums=1))
-  _assert_same(grad(_OURS)(key, x), grad(_THEIRS)(key, x))
+  assert_trees_close(grad(_OURS)(key, x), grad(_THEIRS)(key, x))
 
 
 @pytest.mark.parametrize("noise", ["Gumbel", "Normal"])
@@ -104,10 +97,10 @@ def test_noise_samples_and_log_densities_match_optax(noise):
   ours, theirs = getattr(_OURS, noise)(), getattr(_THEIRS, noise)()
   key = jax.random.key(7)
   for args in [(), ((4, 3),), ((5,), jnp.bfloat16)]:
-    _assert_same(ours.sample(key, *args), theirs.sample(key, *args))
+    assert_trees_close(ours.sample(key, *args), theirs.sample(key, *args))
   points = jnp.linspace(-3.0, 3.0, 13)
-  _assert_same(ours.log_prob(points), theirs.log_prob(points))
-  _assert_same(jax.vmap(jax.grad(ours.log_prob))(points),
+  assert_trees_close(ours.log_prob(points), theirs.log_prob(points))
+  assert_trees_close(jax.vmap(jax.grad(ours.log_prob))(points),
                jax.vmap(jax.grad(theirs.log_prob))(points))
 
 

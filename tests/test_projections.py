@@ -17,21 +17,11 @@ import pytest
 
 import shardopt
 from shardopt import projections
-from tests.oracle import mixed_tree
+from tests.oracle import assert_trees_close, mixed_tree
 from tests.test_docstrings import docstring_problems
 
 _OURS, _THEIRS = projections, optax.projections
 
-
-def _assert_same(got, want, rtol=1e-6):
-  """Same structure; per leaf the same dtype, shape and values (NaNs
-  included) within ``rtol``."""
-  assert jax.tree.structure(got) == jax.tree.structure(want)
-  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-    g, w = jnp.asarray(g), jnp.asarray(w)
-    assert (g.dtype, g.shape) == (w.dtype, w.shape)
-    np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32),
-                               rtol=rtol, atol=0)
 
 
 def _like(x, value):
@@ -115,7 +105,7 @@ def test_matches_optax_under_jit_and_under_vmap(name, project, takes_trees):
   # (Eagerly: the edge-case tests below.)
   kinds = [kind for kind in _KINDS if takes_trees or "tree" not in kind]
   for kind in kinds:
-    _assert_same(_jitted_results(_OURS, kind)[name], _jitted_results(_THEIRS, kind)[name])
+    assert_trees_close(_jitted_results(_OURS, kind)[name], _jitted_results(_THEIRS, kind)[name])
 
 
 def test_points_already_inside_stay_where_they_are():
@@ -130,7 +120,7 @@ def test_points_already_inside_stay_where_they_are():
       (_OURS.projection_simplex(on_simplex), _THEIRS.projection_simplex(on_simplex),
        on_simplex),
   ]:
-    _assert_same(ours, theirs)
+    assert_trees_close(ours, theirs)
     np.testing.assert_allclose(ours, point, rtol=1e-6)
 
 
@@ -142,7 +132,7 @@ def test_ties_and_zeros(x):
   x = jnp.array(x)
   for name in ("projection_simplex", "projection_l1_sphere", "projection_l1_ball"):
     for scale in (1.0, 0.5, 4.0):
-      _assert_same(getattr(_OURS, name)(x, scale), getattr(_THEIRS, name)(x, scale))
+      assert_trees_close(getattr(_OURS, name)(x, scale), getattr(_THEIRS, name)(x, scale))
   if not jnp.any(x):  # all tied at 0: the simplex's centre
     np.testing.assert_allclose(_OURS.projection_simplex(x), 1 / x.size, rtol=1e-6)
 
@@ -156,7 +146,7 @@ def test_degenerate_inputs_give_optaxs_nans():
        _THEIRS.projection_hyperplane(ones, zeros, 1.0)),
   ]:
     assert np.all(np.isnan(ours))
-    _assert_same(ours, theirs)
+    assert_trees_close(ours, theirs)
 
 
 _BF16 = jnp.array([0.75, -2.5, 1.0, 0.125, 3.0], jnp.bfloat16)
@@ -177,7 +167,7 @@ _BF16 = jnp.array([0.75, -2.5, 1.0, 0.125, 3.0], jnp.bfloat16)
 def test_bfloat16_inputs_give_optaxs_dtypes_and_values(name, args):
   # optax's simplex and l1 projections of bfloat16 leaves are float32; its
   # elementwise ones keep bfloat16 unless a float32 argument promotes them.
-  _assert_same(getattr(_OURS, name)(_BF16, *args), getattr(_THEIRS, name)(_BF16, *args),
+  assert_trees_close(getattr(_OURS, name)(_BF16, *args), getattr(_THEIRS, name)(_BF16, *args),
                rtol=1e-6)
 
 
@@ -186,9 +176,9 @@ def test_bfloat16_l1_ball_takes_the_spheres_dtype_where_optax_raises():
   # float32 on the sphere); shardopt's answers in the sphere's float32.
   with pytest.raises(TypeError, match="cond branches"):
     _THEIRS.projection_l1_ball(_BF16)
-  _assert_same(_OURS.projection_l1_ball(_BF16), _THEIRS.projection_l1_sphere(_BF16))
+  assert_trees_close(_OURS.projection_l1_ball(_BF16), _THEIRS.projection_l1_sphere(_BF16))
   inside = _BF16 / 100
-  _assert_same(_OURS.projection_l1_ball(inside), inside.astype(jnp.float32))
+  assert_trees_close(_OURS.projection_l1_ball(inside), inside.astype(jnp.float32))
 
 
 def test_integer_and_mixed_dtype_leaves():
@@ -196,11 +186,11 @@ def test_integer_and_mixed_dtype_leaves():
   for name, args in [("projection_non_negative", ()), ("projection_linf_ball", (0.5,)),
                      ("projection_linf_ball", (2,)), ("projection_box", (0, 2)),
                      ("projection_simplex", ()), ("projection_l1_sphere", (2,))]:
-    _assert_same(getattr(_OURS, name)(ints, *args), getattr(_THEIRS, name)(ints, *args))
+    assert_trees_close(getattr(_OURS, name)(ints, *args), getattr(_THEIRS, name)(ints, *args))
   mixed = {"a": _BF16, "b": jnp.array([0.3, -0.7], jnp.float32), "c": 0.5}
   for name in ("projection_simplex", "projection_l1_sphere", "projection_l1_ball",
                "projection_l2_ball", "projection_linf_ball"):
-    _assert_same(getattr(_OURS, name)(mixed), getattr(_THEIRS, name)(mixed))
+    assert_trees_close(getattr(_OURS, name)(mixed), getattr(_THEIRS, name)(mixed))
   with pytest.raises(TypeError):  # int8 and int32 leaves: a float projection
     _OURS.projection_simplex({"a": ints.astype(jnp.int8), "b": ints})
 
@@ -213,13 +203,13 @@ def test_single_bounds_apply_to_every_leaf_of_a_tree():
   with pytest.raises(ValueError):
     _THEIRS.projection_box(x, -0.5, 0.7)
   leafwise = lambda f, *trees: jax.tree.map(f, x, *trees)
-  _assert_same(_OURS.projection_box(x, -0.5, 0.7),
+  assert_trees_close(_OURS.projection_box(x, -0.5, 0.7),
                leafwise(lambda l: _THEIRS.projection_box(l, -0.5, 0.7)))
-  _assert_same(_OURS.projection_hypercube(x),
+  assert_trees_close(_OURS.projection_hypercube(x),
                leafwise(_THEIRS.projection_hypercube))
-  _assert_same(_OURS.projection_hypercube(x, scales),
+  assert_trees_close(_OURS.projection_hypercube(x, scales),
                leafwise(_THEIRS.projection_hypercube, scales))
-  _assert_same(_OURS.projection_box(x, None, 0.5), leafwise(lambda l: jnp.minimum(l, 0.5)))
+  assert_trees_close(_OURS.projection_box(x, None, 0.5), leafwise(lambda l: jnp.minimum(l, 0.5)))
   assert _OURS.projection_simplex({}) == {}
 
 
@@ -228,13 +218,13 @@ def test_single_bounds_apply_to_every_leaf_of_a_tree():
 def test_derivatives_match_optax(name):
   x = jax.random.normal(jax.random.PRNGKey(4), (9,))
   jacobian = lambda m: jax.jit(jax.jacobian(lambda v: getattr(m, name)(v, 2.0)))
-  _assert_same(jacobian(_OURS)(x), jacobian(_THEIRS)(x))
+  assert_trees_close(jacobian(_OURS)(x), jacobian(_THEIRS)(x))
   # Through a pytree, by jvp and by grad.
   tree, direction = mixed_tree(5), mixed_tree(6)
   jvp = lambda m: jax.jit(lambda t, d: jax.jvp(getattr(m, name), (t,), (d,)))
-  _assert_same(jvp(_OURS)(tree, direction), jvp(_THEIRS)(tree, direction))
+  assert_trees_close(jvp(_OURS)(tree, direction), jvp(_THEIRS)(tree, direction))
   loss = lambda m: lambda t: shardopt.tree.vdot(getattr(m, name)(t), direction)
-  _assert_same(jax.jit(jax.grad(loss(_OURS)))(tree), jax.jit(jax.grad(loss(_THEIRS)))(tree))
+  assert_trees_close(jax.jit(jax.grad(loss(_OURS)))(tree), jax.jit(jax.grad(loss(_THEIRS)))(tree))
 
 
 _SHARDED_CASES = ("non_negative", "box", "linf_ball", "l2_ball", "l2_sphere", "l1_ball",
@@ -257,14 +247,14 @@ def test_sharded_equals_unsharded_and_keeps_the_input_sharding():
   all_cases = lambda module: jax.jit(
       lambda x, a: {name: project(module, x, a) for name, project in cases.items()})
   unsharded = all_cases(_OURS)(x, a)
-  _assert_same(unsharded, all_cases(_THEIRS)(x, a))
+  assert_trees_close(unsharded, all_cases(_THEIRS)(x, a))
   for kind in (jax.sharding.AxisType.Auto, jax.sharding.AxisType.Explicit):
     mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(kind, kind))
     put = lambda t: jax.tree.map(
         lambda leaf, spec: jax.device_put(leaf, NamedSharding(mesh, spec)), t, specs)
     sharded_x, sharded_a = put(x), put(a)
     ours = all_cases(_OURS)(sharded_x, sharded_a)
-    _assert_same(ours, unsharded)
+    assert_trees_close(ours, unsharded)
     kept = {name: {k: out[k].sharding.spec == specs[k] for k in specs}
             for name, out in ours.items()}
     if kind == jax.sharding.AxisType.Explicit:

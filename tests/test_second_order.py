@@ -15,6 +15,7 @@ import optax
 import pytest
 
 from shardopt import second_order
+from tests.oracle import assert_trees_close
 from tests.test_docstrings import docstring_problems
 
 _OURS, _THEIRS = second_order, optax.second_order
@@ -23,13 +24,6 @@ _NAMES = ("fisher_diag", "hessian_diag", "hvp")
 # Every call here warns by design; the tests that look at the warnings record them.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
-
-def _assert_same(got, want, rtol=1e-6):
-  assert jax.tree.structure(got) == jax.tree.structure(want)
-  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-    assert (g.dtype, g.shape) == (w.dtype, w.shape)
-    np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32),
-                               rtol=rtol, atol=0)
 
 
 def _loss(params, inputs, targets):
@@ -67,10 +61,10 @@ def _calls(module, *problem):
 def test_values_match_optax_eagerly_and_under_jit():
   for seed in range(2):
     problem = _problem(seed)
-    _assert_same(_calls(_OURS, *problem), _calls(_THEIRS, *problem))
+    assert_trees_close(_calls(_OURS, *problem), _calls(_THEIRS, *problem))
   problem = _problem(2)
   jitted = lambda m: jax.jit(lambda *args: _calls(m, *args))
-  _assert_same(jitted(_OURS)(*problem), jitted(_THEIRS)(*problem))
+  assert_trees_close(jitted(_OURS)(*problem), jitted(_THEIRS)(*problem))
   # The Hessian's diagonal is the diagonal of the full Hessian.
   params, inputs, targets, _ = problem
   flat, unravel = flatten_util.ravel_pytree(params)
@@ -83,18 +77,18 @@ def test_under_vmap():
   params, inputs, targets, v = _problem(3)
   vs = jnp.stack([v, -2 * v, jnp.zeros_like(v)])
   hvps = lambda m: jax.jit(jax.vmap(lambda v: m.hvp(_loss, v, params, inputs, targets)))
-  _assert_same(hvps(_OURS)(vs), hvps(_THEIRS)(vs))
+  assert_trees_close(hvps(_OURS)(vs), hvps(_THEIRS)(vs))
   per_example = lambda m, name: jax.jit(jax.vmap(
       lambda x, y: getattr(m, name)(_loss, params, x[None], y[None])))
   for name in ("fisher_diag", "hessian_diag"):
-    _assert_same(per_example(_OURS, name)(inputs, targets),
+    assert_trees_close(per_example(_OURS, name)(inputs, targets),
                  per_example(_THEIRS, name)(inputs, targets))
 
 
 def test_bfloat16_params():
   problem = _problem(4, jnp.bfloat16)
   for name in ("hvp", "fisher_diag"):
-    _assert_same(_call(_OURS, name, *problem), _call(_THEIRS, name, *problem))
+    assert_trees_close(_call(_OURS, name, *problem), _call(_THEIRS, name, *problem))
   # optax's hessian_diag raises here (float32 unit vectors as the tangents
   # of bfloat16 params); shardopt's takes them in the params' dtype.
   params, inputs, targets, _ = problem
