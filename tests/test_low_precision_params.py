@@ -375,6 +375,19 @@ def test_params_of_another_dtype_than_init_saw_are_named(built, given):
     tx.update(jax.tree.map(lambda p: 1e-3 * p, params), state, params)
 
 
+@pytest.mark.parametrize("built, given", [(8, 16), (16, 8)])
+def test_a_state_of_another_correction_width_is_refused(built, given):
+  """A state built with one correction_bits handed to a transformation with the other: the codes
+  would be read with the wrong step (8-bit codes as 16-bit moved the master of a zero-lr step from
+  1.00305 to 1.00001); an error naming the param and both widths instead, the state untouched."""
+  params = {"w": jnp.full((4,), 1.003, jnp.float32).astype(jnp.bfloat16)}
+  state = lpp.low_precision_params(shardopt.sgd(0.0), correction_bits=built).init(params)
+  tx = lpp.low_precision_params(shardopt.sgd(0.0), correction_bits=given)
+  with pytest.raises(ValueError, match=rf"params\['w'\]: the state holds int{built} correction "
+                     rf"codes, but this transformation has correction_bits={given}"):
+    tx.update(jax.tree.map(jnp.zeros_like, params), state, params)
+
+
 def test_lbfgs_loop_with_value_and_grad_from_state():
   """optax's L-BFGS loop (value_and_grad_from_state, then update with value, grad and
   value_fn) on bfloat16 params: the stored pair (the float32 master's) comes back in the dtypes

@@ -101,20 +101,26 @@ def _check_dtypes(params) -> None:
           "or float32 and wider (their own master). Cast it to one of them.")
 
 
-def _check_state_fits(params, correction) -> None:
+def _check_state_fits(params, correction, bits: int) -> None:
   """Raises for a param whose dtype is not the one the state was built for:
-  a bfloat16 param with no correction (a state built on float32 params), or
-  a correction for a param that is no longer bfloat16 (``correction_bits=0``
-  keeps none for any param)."""
+  a bfloat16 param with no correction (a state built on float32 params), a
+  correction for a param that is no longer bfloat16 (``correction_bits=0``
+  keeps none for any param), or codes of another width than ``bits``."""
 
   def check(path, p, code):
+    where = f"low_precision_params: params{jax.tree_util.keystr(path)}"
     kept = not isinstance(code, MaskedNode)
     if kept != _is_low_precision(p):
       built = "bfloat16" if kept else "float32 or wider"
       raise ValueError(
-          f"low_precision_params: params{jax.tree_util.keystr(path)} is "
-          f"{p.dtype}, but the state was built for a {built} param there. "
-          "Build the state with init on the params you train.")
+          f"{where} is {p.dtype}, but the state was built for a {built} param "
+          "there. Build the state with init on the params you train.")
+    if kept and code.dtype != _CODE_DTYPES[bits]:
+      raise ValueError(
+          f"{where}: the state holds {code.dtype} correction codes, but this "
+          f"transformation has correction_bits={bits} "
+          f"({jnp.dtype(_CODE_DTYPES[bits])} codes). Use the correction_bits "
+          "the state was built with, or build a new state with init.")
 
   jax.tree_util.tree_map_with_path(check, params, correction)
 
@@ -248,7 +254,7 @@ def low_precision_params(
                        "master weight is param + correction).")
     _check_dtypes(params)
     if bits:
-      _check_state_fits(params, state.correction)
+      _check_state_fits(params, state.correction, bits)
     masters = jax.tree.map(lambda p, c: _master(p, c, bits), params,
                            state.correction)
     grads = jax.tree.map(
