@@ -209,3 +209,31 @@ def test_explicit_mesh_with_params_replicated_over_data(name, zero):
   for k in params:
     np.testing.assert_allclose(np.asarray(placed[k]), np.asarray(plain_params[k]),
                                rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+@pytest.mark.parametrize("name", ["shampoo", "soap"])
+def test_bfloat16_params_precondition_in_float32(name):
+  """bfloat16 params with the default eigh method: LAPACK has no bfloat16 eigh or QR (a raw
+  'Unsupported dtype bfloat16' before), and bfloat16 statistics moved Shampoo's updates 15-19% off
+  float32's. The statistics and their roots or bases are kept in float32, the moments and the
+  updates in bfloat16: each step's update is the float32 run's within 2% (norm of the
+  difference; 0.4-0.6% measured)."""
+  tx = getattr(shardopt.contrib, name)(1e-2, block_size=16)
+  rng = np.random.default_rng(0)
+  values = [rng.normal(size=(32, 48)).astype(np.float32) for _ in range(4)]
+  runs = {}
+  for dtype in (jnp.bfloat16, jnp.float32):
+    params = {"w": jnp.asarray(values[0]).astype(jnp.bfloat16).astype(dtype)}
+    state, step, moves = tx.init(params), jax.jit(tx.update), []
+    for g in values[1:]:
+      updates, state = step({"w": jnp.asarray(g).astype(jnp.bfloat16).astype(dtype)}, state,
+                            params)
+      assert updates["w"].dtype == dtype
+      moves.append(np.asarray(updates["w"], np.float32))
+    runs[dtype] = np.stack(moves)
+    preconditioning = next(part for part in state if hasattr(part, "stats"))
+    assert {leaf.dtype for leaf in jax.tree.leaves(preconditioning.stats)} == {
+        jnp.dtype(jnp.float32)}
+    assert preconditioning.mu["w"].dtype == dtype
+  difference = np.linalg.norm(runs[jnp.bfloat16] - runs[jnp.float32], axis=(1, 2))
+  assert np.all(difference <= 0.02 * np.linalg.norm(runs[jnp.float32], axis=(1, 2)))

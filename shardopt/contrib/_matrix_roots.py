@@ -25,10 +25,26 @@ def eigenbasis(mats: jax.Array) -> jax.Array:
   return _per_block(_eigenvectors, mats)
 
 
+def _at_least_float32(fn):
+  """``fn`` of one block computed in float32 where the block is narrower
+  (LAPACK's ``eigh`` and ``qr`` have no bfloat16 or float16 kernels), its
+  result cast back to the block's dtype."""
+
+  @functools.wraps(fn)
+  def wrapped(m, *args, **kwargs):
+    if jnp.finfo(m.dtype).bits >= 32:
+      return fn(m, *args, **kwargs)
+    return fn(m.astype(jnp.float32), *args, **kwargs).astype(m.dtype)
+
+  return wrapped
+
+
+@_at_least_float32
 def _eigenvectors(m):
   return jnp.linalg.eigh(m)[1]
 
 
+@_at_least_float32
 def orthonormal(m: jax.Array) -> jax.Array:
   """The ``Q`` of one block's QR decomposition (call inside ``blockwise``)."""
   return jnp.linalg.qr(m)[0]
@@ -72,6 +88,7 @@ def check_method(method: str) -> None:
                      "'newton'.")
 
 
+@_at_least_float32
 def _root_by_eigh(m, p, eps):
   values, vectors = jnp.linalg.eigh(m)
   values = jnp.maximum(values, 0.0)

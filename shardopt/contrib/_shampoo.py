@@ -153,7 +153,8 @@ def scale_by_shampoo(
     graft, mu = (zeros if keeps_graft else ()), (zeros if b1 else ())
     if not blocking.is_blocked(p.shape):
       return (), (), graft, mu
-    blocks = blocking.to_blocks(p, blocking.block_sizes(p.shape, block_size))
+    blocks = blocking.to_blocks(blocking.in_statistics_dtype(p),
+                                blocking.block_sizes(p.shape, block_size))
     stats = tuple(jnp.zeros_like(blocking.gram(blocks, i))
                   for i in range(p.ndim))
     return stats, tuple(blocking.eye_like(s) for s in stats), graft, mu
@@ -167,7 +168,7 @@ def scale_by_shampoo(
     direction, acc = _graft_direction(grafting, g, acc, b2, graft_eps, count)
     if blocking.is_blocked(g.shape):
       block = tuple(s.shape[-1] for s in stats)
-      blocks = blocking.to_blocks(g, block)
+      blocks = blocking.to_blocks(blocking.in_statistics_dtype(g), block)
       stats = tuple(w1 * s + w2 * blocking.gram(blocks, i)
                     for i, s in enumerate(stats))
       preconditioners = jax.lax.cond(
@@ -185,7 +186,8 @@ def scale_by_shampoo(
       if grafting != "none":
         blocks = _graft(blocks, blocking.to_blocks(direction, block))
       direction = jnp.where(count >= start_preconditioning_step,
-                            blocking.from_blocks(blocks, g), direction)
+                            blocking.from_blocks(blocks, g).astype(g.dtype),
+                            direction)
     if b1:
       mu = b1 * mu + (1.0 - b1) * direction
       direction = mu

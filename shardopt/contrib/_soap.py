@@ -98,7 +98,8 @@ def _refresh(stats, bases, nu, first):
 
     def by_power_step(nu_blocks, stat=stat, basis=basis, i=i):
       basis, order = blockwise(_power_step, stat.ndim - 2, stat, basis)
-      return basis, blocking.apply_along(order, nu_blocks, i, transpose=True)
+      return basis, blocking.apply_along(order, nu_blocks, i,
+                                         transpose=True).astype(nu_blocks.dtype)
 
     basis, nu_blocks = jax.lax.cond(first, by_eigh, by_power_step, nu_blocks)
     new.append(basis)
@@ -166,7 +167,8 @@ def scale_by_soap(
     zeros = jnp.zeros_like(p)
     if not blocking.is_blocked(p.shape):
       return zeros, zeros, (), ()
-    blocks = blocking.to_blocks(p, blocking.block_sizes(p.shape, block_size))
+    blocks = blocking.to_blocks(blocking.in_statistics_dtype(p),
+                                blocking.block_sizes(p.shape, block_size))
     stats = tuple(jnp.zeros_like(blocking.gram(blocks, i))
                   for i in range(p.ndim))
     return zeros, zeros, stats, tuple(blocking.eye_like(s) for s in stats)
@@ -186,15 +188,17 @@ def scale_by_soap(
       nu = b2 * nu + (1.0 - b2) * numerics.abs_sq(g)
       return corrected_mu / (jnp.sqrt(nu * debias_nu) + eps), mu, nu, stats, bases
     block = tuple(s.shape[-1] for s in stats)
-    blocks = blocking.to_blocks(g, block)
+    blocks = blocking.to_blocks(blocking.in_statistics_dtype(g), block)
     rotated = _rotate(blocks, bases)
-    nu = b2 * nu + (1.0 - b2) * blocking.from_blocks(rotated * rotated, g)
+    nu = (b2 * nu + (1.0 - b2) * blocking.from_blocks(rotated * rotated, g)
+          ).astype(nu.dtype)
     step = (_rotate(blocking.to_blocks(corrected_mu, block), bases)
             / (jnp.sqrt(blocking.to_blocks(nu, block) * debias_nu) + eps))
     mask = blocking.real_mask(g.shape, block)
     if mask is not None:  # padding's eigenvectors come last: drop them
       step = jnp.where(mask, step, 0.0)
-    direction = blocking.from_blocks(_rotate(step, bases, back=True), g)
+    direction = blocking.from_blocks(_rotate(step, bases, back=True),
+                                     g).astype(g.dtype)
     stats = tuple(beta * s + (1.0 - beta) * blocking.gram(blocks, i)
                   for i, s in enumerate(stats))
     marked = tuple(_padding_last(s, g.shape, block, i) for i, s in enumerate(stats))
