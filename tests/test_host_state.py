@@ -117,11 +117,14 @@ def test_eight_bit_state_moves_a_quarter_of_the_bytes():
   assert moved[8] / moved[None] <= 0.27, moved
 
 
-def test_a_memory_kind_the_devices_lack_is_an_error_naming_theirs():
+@pytest.mark.parametrize("tx", [shardopt.adamw(1e-2), shardopt.sgd(1e-2)], ids=["adamw", "sgd"])
+@pytest.mark.parametrize("kind", ["hbm", "PINNED_HOST"])
+def test_a_memory_kind_the_devices_lack_is_an_error_naming_theirs(tx, kind):
+  """Checked against the params' devices: sgd's state has no leaves to carry a mesh, and an
+  unknown kind was accepted for it."""
   mesh = _mesh()
-  with pytest.raises(ValueError, match="state_memory_kind='hbm'.*pinned_host"):
-    shardopt.make_sharded_optimizer(shardopt.adamw(1e-2), _params(mesh), _shardings(mesh),
-                                    state_memory_kind="hbm")
+  with pytest.raises(ValueError, match=f"state_memory_kind='{kind}'.*pinned_host"):
+    shardopt.make_sharded_optimizer(tx, _params(mesh), _shardings(mesh), state_memory_kind=kind)
 
 
 def test_host_state_checkpoint_restores_into_host_memory(tmp_path):

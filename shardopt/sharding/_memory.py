@@ -25,12 +25,14 @@ def _memory_kinds(mesh) -> tuple[str, ...]:
   return tuple(m.kind for m in devices.flat[0].addressable_memories())
 
 
-def in_memory(shardings, kind: str | None):
+def in_memory(shardings, kind: str | None, param_shardings):
   """``shardings`` with memory kind ``kind`` (None: as they are); raises
-  ValueError naming the kinds the devices have when ``kind`` is not one."""
+  ValueError naming the kinds the devices have when ``kind`` is not one of
+  the memories of the params' devices (checked from ``param_shardings``, so
+  a state with no leaves is checked too)."""
   if kind is None:
     return shardings
-  leaves = jax.tree.leaves(shardings)
+  leaves = jax.tree.leaves(param_shardings)
   kinds = _memory_kinds(leaves[0].mesh) if leaves else ()
   if kinds and kind not in kinds:
     raise ValueError(f"state_memory_kind={kind!r}: the mesh's devices have the "

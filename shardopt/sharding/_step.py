@@ -272,7 +272,8 @@ def make_sharded_optimizer(tx, params, param_shardings, *,
                               shard_state_over=shard_state_over,
                               min_shard_bytes=min_shard_bytes)
   plan.warn_zero_skipped(stacklevel=2)
-  state_shardings = in_memory(plan.shardings, state_memory_kind)
+  state_shardings = in_memory(plan.shardings, state_memory_kind,
+                              param_shardings)
   return ShardedOptimizer(
       state_shardings, plan,
       sharded_init(tx, param_shardings, state_shardings,
