@@ -28,7 +28,9 @@ share of the rounding interval), with power-of-two steps:
   a master exactly halfway between two bfloat16 values, which loses its
   last bit.
   Params below ``2**-111`` in magnitude (``2**-103`` at 16 bits) keep no
-  correction: the step would leave float32's normal range.
+  correction, and params of exactly that magnitude none toward zero (the
+  neighbour there is half as far): the step would leave float32's normal
+  range.
 
 ``correction_bits=0`` keeps none: ``tx`` still sees float32, but each step
 starts from the rounded param (plain bfloat16 training, for comparison).
@@ -216,7 +218,8 @@ def low_precision_params(
     inner: any transformation (shardopt's or optax's); it sees float32
       master params and float32 gradients.
     correction_bits: 8 (int8 codes: the master to about 16 significant
-      bits), 16 (int16 codes: the float32 master exactly), or 0 (no
+      bits), 16 (int16 codes: the float32 master exactly, but for
+      masters halfway between two bfloat16 values), or 0 (no
       correction: each step starts from the rounded param).
 
   Returns:
