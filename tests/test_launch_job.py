@@ -100,6 +100,30 @@ def test_train_step_norms_by_hand():
   np.testing.assert_allclose(np.asarray(new["w"]), w * (1 - update / norm), rtol=1e-6)
 
 
+@pytest.mark.parametrize("scale", [1e30, 1e-25, 0.1])
+def test_train_step_norms_of_finite_trees_are_finite(scale):
+  """SGD at lr ``scale`` on sum(w), w = 3 * scale: grads 1, update -scale, new params
+  2 * scale. Summed as plain float32 squares, 1e30 overflowed (the update's and the params'
+  norm null though 5.7e30 and 1.1e31 are finite) and 1e-25 underflowed to 0; the job's norms
+  are each within 1e-6 of the float64 value. A non-finite param still gives an inf norm."""
+  mesh = partitioning.make_mesh({"data": 2, "model": 4})
+  shardings = {"w": jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, "model"))}
+  w = np.full((4, 8), 3 * scale, np.float32)
+  opt = shardopt.make_sharded_optimizer(shardopt.sgd(scale), {"w": w}, shardings)
+  loss_fn = lambda p, batch: jnp.sum(p["w"]) + 0 * jnp.sum(batch)
+  step = steps.train_step(opt, loss_fn, optim.update_arguments("sgd"))
+  params = jax.device_put({"w": jnp.array(w)}, shardings)
+  _, _, _, norms = step(params, opt.init(params), jnp.zeros((4,)))
+  root = math.sqrt(w.size)
+  for name, expected in (("grad_norm", root), ("update_norm", root * scale),
+                         ("param_norm", root * 2 * scale)):
+    np.testing.assert_allclose(float(norms[name]), expected, rtol=1e-6, err_msg=name)
+  w[0, 0] = np.inf
+  params = jax.device_put({"w": jnp.array(w)}, shardings)
+  _, _, _, norms = step(params, opt.init(params), jnp.zeros((4,)))
+  assert float(norms["param_norm"]) == math.inf
+
+
 def _flops(flags):
   """(FLOPs the job counts, FLOPs of the step's own lowering) of the tiny model's step."""
   args = cli.parse_args([*h.TINY, "--layers", "3", *flags])
