@@ -99,8 +99,8 @@ def run_steps(tx, params, grads):
 
 
 def assert_steps_close(got, want, rtol):
-  """Each step's updates within ``rtol`` of the reference's, relative to the
-  element or to the largest magnitude of its leaf at that step."""
+  """Each step's updates within ``rtol`` of the reference's element plus
+  ``rtol`` of the largest magnitude of its leaf at that step."""
   for step, (g, w) in enumerate(zip(got, want), start=1):
     for k in w:
       scale = float(np.max(np.abs(w[k]), initial=0.0))

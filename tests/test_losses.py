@@ -10,6 +10,7 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+from jax._src.core import ShardingTypeError  # not public
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import numpy as np
@@ -249,6 +250,15 @@ def test_cross_entropy_on_sharded_vocabulary_gathers_no_logits(name, axis_type):
   grads = jax.jit(jax.grad(lambda lo: jnp.sum(_SHARDED[name](lo, labels, soft))))(logits)
   np.testing.assert_allclose(grads, jax.grad(lambda lo: jnp.sum(reference(lo)))(host[0]),
                              rtol=1e-5, atol=1e-6)
+
+
+def test_optax_integer_label_loss_fails_on_explicit_axes_where_ours_runs():
+  """The README's claim: optax's label gather along the vocabulary split over Explicit axes has
+  no sharding rule; shardopt's masked sum runs (the test above checks its values)."""
+  _, logits, labels, _ = _sharded_batch(jax.sharding.AxisType.Explicit)
+  with pytest.raises(ShardingTypeError):
+    jax.jit(optax.losses.softmax_cross_entropy_with_integer_labels)(logits, labels)
+  jax.jit(losses.softmax_cross_entropy_with_integer_labels)(logits, labels)
 
 
 # --- bit-equal to optax under jit: values and gradients ---------------------

@@ -213,8 +213,7 @@ def in_statistics_dtype(x: jax.Array) -> jax.Array:
   """``x`` in the dtype the blocks' statistics and their roots or bases are
   kept in: at least float32, as distributed Shampoo keeps them (Anil et al.
   2020). A bfloat16 statistic's rounding (2**-9 of its largest entries)
-  swamps the small eigenvalues an inverse root magnifies (bfloat16 Shampoo
-  statistics moved its updates 15-19% off float32's)."""
+  swamps the small eigenvalues an inverse root magnifies."""
   return x.astype(jnp.promote_types(x.dtype, jnp.float32))
 
 
