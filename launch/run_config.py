@@ -29,8 +29,8 @@ from launch import cli
 from launch import run_folder
 
 __all__ = ["INVOCATION", "MAY_CHANGE", "NOT_INHERITED", "compare", "config_of",
-           "describe_changes", "flags_of", "inherited", "read_file", "saved_config", "title",
-           "to_toml"]
+           "defines_run", "describe_changes", "flags_of", "inherited", "read_file",
+           "saved_config", "title", "to_toml"]
 
 INVOCATION = frozenset({"resume", "config", "print_config", "debug", "out_is_newest_run",
                         "derived", "given"})
@@ -95,7 +95,7 @@ def compare(saved: dict, current: dict) -> tuple[list[str], list[str]]:
     label = name.replace("_", " ") if name in ("process_count", "device_count") else (
         "--" + name.replace("_", "-"))
     change = f"{label} {_show(old)} -> {_show(new)}"
-    (allowed if name in MAY_CHANGE else refused).append(change)
+    (refused if defines_run(name) else allowed).append(change)
   return refused, allowed
 
 
@@ -227,14 +227,42 @@ def read_file(path: str) -> dict:
   return {**given, **{name: False for name in switches_off}}
 
 
-def title(name: str, config: dict) -> str:
-  """The run's name and the flags that define it, for the plot."""
-  c = config
-  schedule = c["schedule"] + (f", {c['warmup_steps']} warmup" if c["schedule"] == "warmup_cosine"
-                              else "")
-  schedule += f", horizon {c['schedule_steps']}" if c.get("schedule_steps") else ""
-  given = [(k, c.get(k)) for k in ("b1", "b2", "eps", "weight_decay", "momentum")]
-  extra = " ".join(f"{k}={v:g}" for k, v in [*given, *c.get("opt", [])] if v is not None)
-  return (f"{name}: {c['optimizer']} lr {c['lr']:g} ({schedule}) clip {c['clip_norm']:g}"
-          f"{' ' + extra if extra else ''}\nlayers {c['layers']}, d_model {c['d_model']},"
-          f" batch {c['batch']} x {c['seq_len']} bytes, seed {c['seed']}, mesh {c['mesh']}")
+def defines_run(name: str) -> bool:
+  """Whether the flag (or saved entry) ``name`` defines the run: a resume refuses to change it
+  (``compare``)."""
+  return name not in MAY_CHANGE and name != "given"
+
+
+def _in_use(config: dict) -> dict:
+  """The flags of ``config`` that define the run, with the values the run uses: the warmup of
+  a warmup_cosine schedule as shortened (``cli.warmup_in_use``), none for another schedule."""
+  used = {name: value for name, value in config.items() if defines_run(name)}
+  warmup = used.pop("warmup_steps", None)
+  if used.get("schedule") == "warmup_cosine" and warmup is not None:
+    used["warmup_steps"] = cli.warmup_in_use(argparse.Namespace(**config))
+  return used
+
+
+def _units(used: dict) -> list[str]:
+  """The command-line words of the flags ``used``, in the parser's order, a flag and its value
+  as one unit (``--opt a=1``)."""
+  units = []
+  for action in cli.parser()._actions:  # pylint: disable=protected-access
+    if used.get(action.dest) is None:
+      continue
+    words = _tokens("", action.dest, used[action.dest], action)
+    step = 1 if action.nargs == 0 else 2
+    units += [" ".join(words[i:i + step]) for i in range(0, len(words), step)]
+  return units
+
+
+def title(name: str, config: dict, width: int = 110) -> str:
+  """The run's name and the flags that define it (``_in_use``) as a command line, for the plot:
+  lines of at most ``width`` characters (or one flag), a flag never split from its value."""
+  lines = [f"{name}:"]
+  for unit in _units(_in_use(config)):
+    if len(lines[-1]) + 1 + len(unit) > width:
+      lines.append(unit)
+    else:
+      lines[-1] += " " + unit
+  return "\n".join(lines)

@@ -46,6 +46,34 @@ def test_config_file_and_print_config_round_trip(tmp_path, capsys):
   assert flags.resolve(["--config", str(path), "--lr", "0.02"]).lr == 0.02  # the command line wins
 
 
+def test_the_plot_title_names_every_flag_that_defines_the_run_with_the_value_in_use():
+  """The flags a resume refuses to change are in loss.png's title, as a command line, with the
+  warmup the schedule uses (--steps 3: 2, not the 20 configured); the title stated the
+  configured warmup and left out --state-bits, --param-dtype, --correction-bits,
+  --skip-nonfinite, --final-lr-ratio, --scan-layers. Flags that may change are not in it."""
+  args = cli.parse_args(["--steps", "3", "--param-dtype", "bfloat16", "--state-bits", "8",
+                         "--correction-bits", "16", "--skip-nonfinite", "--final-lr-ratio",
+                         "0.2", "--scan-layers", "--opt", "eps_root=1e-08", "--mesh",
+                         "data=2,model=4"])
+  config = run_config.config_of(args, 1, 8)
+  title = run_config.title("lm-x", config)
+  assert title.startswith("lm-x: ")
+  words = " ".join(title.split())
+  for shown in ("--warmup-steps 2 ", "--state-bits 8 ", "--param-dtype bfloat16 ",
+                "--correction-bits 16 ", "--final-lr-ratio 0.2 ", "--opt eps_root=1e-08 ",
+                "--schedule warmup_cosine ", "--schedule-steps 3 "):
+    assert shown in words + " ", (shown, title)
+  defining = [name for name in config if run_config.compare(config, {name: "other"})[0]]
+  assert {"skip_nonfinite", "scan_layers", "seed", "clip_norm"} <= set(defining)
+  for name in defining:
+    if config[name] not in (None, False, []):
+      assert "--" + name.replace("_", "-") in words, (name, title)
+  for name in set(config) - set(defining) - {"given"}:
+    assert "--" + name.replace("_", "-") not in words, (name, title)
+  assert "--warmup-steps" not in run_config.title(
+      "lm-x", run_config.config_of(cli.parse_args(["--schedule", "constant"]), 1, 8))
+
+
 def _written(tmp_path, name: str, text: str) -> str:
   path = tmp_path / name
   path.write_text(text)
