@@ -239,7 +239,10 @@ def _add_config(p) -> None:
   g.add_argument("--print-config", action="store_true",
                  help="print the resolved flags as TOML (a --config file) and exit; those"
                  " derived from other flags and not given (--lr, --schedule,"
-                 " --schedule-steps, --warmup-steps, --correction-bits) as comments")
+                 " --schedule-steps, --warmup-steps, --correction-bits) as comments. Flags"
+                 " a run refuses by themselves (the optimizer built from them, --seq-len and"
+                 " --batch against the corpus) are refused with the run's error; the mesh"
+                 " and the run folder are checked where the job runs")
 
 
 # Checks ------------------------------------------------------------------

@@ -47,9 +47,9 @@ from launch import job_log, memory, steps, throughput
 from launch.model import ModelConfig, Transformer, next_token_loss
 from launch.profile import ProfileWindow
 from launch.stop import StopRequest
-from launch.optim import build_schedule, update_arguments, with_param_dtype, with_state_bits
-from launch.validation import NonFiniteGuard, as_usage_error, blame_values, checked_mesh
-from launch.validation import checked_optimizer
+from launch.optim import build_schedule, update_arguments
+from launch.validation import NonFiniteGuard, as_usage_error, blame_values, built_optimizer
+from launch.validation import checked_flags, checked_mesh
 
 # Steps dispatched ahead of the host at most, whatever --log-every: XLA:CPU aborts a
 # collective whose participants wait more than 40 s, which a long queue of steps reached
@@ -145,9 +145,8 @@ def _param_layout(args, mesh, model):
 def _sharded_optimizer(args, abstract) -> shardopt.sharding.ShardedOptimizer:
   """The optimizer of the arguments, with --state-bits and --param-dtype, sharded for the
   params ``abstract`` (ZeRO over data with --zero, its state in --state-memory-kind)."""
-  tx = with_param_dtype(args, with_state_bits(args, checked_optimizer(args)))
   return shardopt.make_sharded_optimizer(
-      tx, abstract, jax.tree.map(lambda a: a.sharding, abstract),
+      built_optimizer(args), abstract, jax.tree.map(lambda a: a.sharding, abstract),
       shard_state_over="data" if args.zero else None,
       state_memory_kind=None if args.state_memory_kind == "device" else args.state_memory_kind)
 
@@ -246,15 +245,10 @@ class _HeldOut:
   """The loss on the held-out slice (one jitted program) and greedy samples
   whose prompt is the start of that slice."""
 
-  def __init__(self, args, mesh, model, param_shardings, held_out):
-    """Raises a UsageError naming --batch and --seq-len when the held-out slice
-    holds no batch (checked before anything is created)."""
+  def __init__(self, args, mesh, model, param_shardings, held_out, batches):
+    """``batches``: the held-out batches (``data.eval_batches``), None with --eval-every 0."""
     self.held_out_bytes = held_out.size
-    self.batches = None
-    if args.eval_every:
-      with as_usage_error(f"--batch {args.batch} --seq-len {args.seq_len}"):
-        batches = data.eval_batches(held_out, args.eval_batches, args.batch, args.seq_len)
-      self.batches = data.sharded_eval_batches(batches, mesh)
+    self.batches = None if batches is None else data.sharded_eval_batches(batches, mesh)
     loss_fn = lambda p, tokens: next_token_loss(model, p, tokens)
     self._loss = steps.eval_loss(loss_fn, param_shardings,
                                  NamedSharding(mesh, P(None, "data", None)))
@@ -426,15 +420,13 @@ def run(args: argparse.Namespace, stop: StopRequest, claim: run_folder.Claim | N
 def _run(args: argparse.Namespace, stop: StopRequest, held: contextlib.ExitStack,
          claim: run_folder.Claim) -> int:
   init_distributed(args)
+  train_bytes, held_out, eval_batches = checked_flags(args)  # those of --print-config, first
   mesh = checked_mesh(args)
-  train_bytes, held_out = data.split(data.load_corpus())
-  with as_usage_error(f"--seq-len {args.seq_len}"):
-    data.check_seq_len(args.seq_len, train_bytes, held_out)
   model = _model(args)
   rules, specs, abstract = _param_layout(args, mesh, model)
   opt, abstract_state, step_fn = blame_values(  # every value checked before the run folder
       args, lambda given: _planned_step(given, model, abstract))
-  evaluation = _HeldOut(args, mesh, model, opt.param_shardings, held_out)
+  evaluation = _HeldOut(args, mesh, model, opt.param_shardings, held_out, eval_batches)
   # A multi-process run takes its folder below: whether it is new is seen by every process
   # before the collective in agreed(), after which another process may have created it.
   new_out = not claim.taken and args.out is not None and not os.path.exists(args.out)

@@ -59,14 +59,23 @@ def _run(args, stop: StopRequest) -> int:
       claim.end()  # (done already where the job ran: it ends the claim itself)
 
 
+def _print_config(args) -> int:
+  """Prints the flags as TOML once they pass the checks a run makes of the flags alone
+  (``validation.checked_flags``; the mesh and the run folder are the run's)."""
+  cli.set_cpu_devices(args.cpu_devices)
+  from launch import validation  # Imports jax, so only after XLA_FLAGS is set.
+  validation.checked_flags(args)
+  print(run_config.to_toml(args), end="", flush=True)
+  return EXIT_DONE
+
+
 def main(argv=None) -> int:
   debug = "--debug" in (sys.argv[1:] if argv is None else argv)
   stop = StopRequest()  # first: every signal is answered, from here on
   try:
     args = flags.resolve(argv)
     if args.print_config:
-      print(run_config.to_toml(args), end="", flush=True)
-      return EXIT_DONE
+      return _print_config(args)
     return _run(args, stop)
   except cli.UsageError as e:
     _error(e, debug, named=False)

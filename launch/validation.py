@@ -1,6 +1,7 @@
-"""Checks of the job that need jax: the mesh, the batch split, the layout, the
-optimizer with the values given, and finite values (losses before they are
-logged, state before it is saved).
+"""Checks of the job that need jax: first those of the flags alone
+(``checked_flags``: the corpus, the optimizer built; what --print-config runs),
+then the mesh, the batch split, the layout, the optimizer with the values given,
+and finite values (losses before they are logged, state before it is saved).
 
 Each failure is a ``UsageError`` naming the flag (exit 2), or a
 ``NonFiniteError`` naming the step (exit 3), raised before anything is written.
@@ -13,16 +14,20 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from launch import data
 from launch.cli import HYPERPARAMETER_FLAGS
 from launch.cli import NonFiniteError
 from launch.cli import UsageError
 from launch.cli import keyword_values
 from launch.optim import build_optimizer
+from launch.optim import with_param_dtype
+from launch.optim import with_state_bits
 import partitioning
 
-__all__ = ["NonFiniteGuard", "as_usage_error", "blame_values", "checked_mesh",
-           "checked_optimizer", "with_optimizer_defaults"]
+__all__ = ["NonFiniteGuard", "as_usage_error", "blame_values", "built_optimizer", "checked_flags",
+           "checked_mesh", "checked_optimizer", "with_optimizer_defaults"]
 
 _AXES = ("data", "model")
 
@@ -107,6 +112,29 @@ def checked_optimizer(args):
     import shardopt  # pylint: disable=import-outside-toplevel
     tx = shardopt.apply_if_finite(tx, max_consecutive_errors=2**30)
   return tx
+
+
+def built_optimizer(args):
+  """The optimizer of the arguments (``checked_optimizer``) with --state-bits and
+  --param-dtype."""
+  return with_param_dtype(args, with_state_bits(args, checked_optimizer(args)))
+
+
+def checked_flags(args) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+  """The job's checks that need no device, first in a run and all that --print-config runs:
+  --seq-len and (with --eval-every) --batch against the corpus, then the optimizer built
+  (``blame_values``; its warnings are left to the run's traced step). Returns (the corpus's
+  training slice, its held-out slice, the held-out batches or None)."""
+  train_bytes, held_out = data.split(data.load_corpus())
+  with as_usage_error(f"--seq-len {args.seq_len}"):
+    data.check_seq_len(args.seq_len, train_bytes, held_out)
+  batches = None
+  if args.eval_every:
+    with as_usage_error(f"--batch {args.batch} --seq-len {args.seq_len}"):
+      batches = data.eval_batches(held_out, args.eval_batches, args.batch, args.seq_len)
+  with warnings.catch_warnings(record=True):
+    blame_values(args, built_optimizer)
+  return train_bytes, held_out, batches
 
 
 def _skip_state(opt_state):

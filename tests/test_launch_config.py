@@ -74,6 +74,29 @@ def test_the_plot_title_names_every_flag_that_defines_the_run_with_the_value_in_
       "lm-x", run_config.config_of(cli.parse_args(["--schedule", "constant"]), 1, 8))
 
 
+@pytest.mark.parametrize("argv", [
+    ["--optimizer", "adafactor", "--opt", "decay_rate=0.8", "--opt", "decay_rate=0.9"],
+    ["--optimizer", "sgd", "--b2", "0.9"],
+    ["--optimizer", "rprop", "--schedule", "cosine"],
+    ["--optimizer", "dpsgd"],
+    ["--seq-len", "200000"],
+    ["--batch", "100000"],
+], ids=["opt_given_twice", "keyword_not_taken", "lr_not_a_schedule", "not_in_the_job",
+        "seq_len_over_the_corpus", "no_held_out_batch"])
+def test_print_config_refuses_what_a_run_refuses(tmp_path, capsys, argv):
+  """--print-config printed a file for flags a run refuses: for --opt decay_rate=0.8 --opt
+  decay_rate=0.9 one that --config cannot read (a duplicate TOML key). It now fails as the run
+  does, with the same error line, printing nothing."""
+  flags_ = [*h.TINY, *argv]
+  assert train.main([*flags_, "--print-config"]) == cli.EXIT_USAGE
+  printed = capsys.readouterr()
+  assert printed.out == "" and len(printed.err.splitlines()) == 1, printed
+  out = tmp_path / "run"
+  assert train.main([*flags_, "--cpu-devices", "0", "--out", str(out)]) == cli.EXIT_USAGE
+  assert capsys.readouterr().err == printed.err
+  assert not out.exists()
+
+
 def _written(tmp_path, name: str, text: str) -> str:
   path = tmp_path / name
   path.write_text(text)
