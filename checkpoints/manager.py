@@ -58,8 +58,10 @@ class Restored(NamedTuple):
 
   ``skipped`` lists the newer steps ``restore_latest_valid`` passed over
   because they were damaged, newest first (always empty from ``restore``).
-  ``retiled`` names the quantized optimizer-state leaves that were saved in
-  other blocks (on another mesh) and re-encoded in the target's.
+  ``retiled`` names the optimizer-state leaves saved in another quantized
+  form than the target's (on another mesh): codes in other blocks re-encoded
+  in the target's, codes decoded where the target keeps float, float encoded
+  where the target keeps codes.
   """
 
   state: Any
@@ -339,9 +341,9 @@ class CheckpointManager:
       state = fresh_opt_state(state, target, opt_state_key)
     elif retiled:
       state = retile.retile(state, target)
-      _log.warning("Step %d was saved with other quantization blocks (another mesh): re-encoded %d "
-                   "quantized leaves in this mesh's blocks (each value within one quantization step).",
-                   step, len(retiled))
+      _log.warning("Step %d was saved with other quantization blocks or precision (another mesh): "
+                   "re-encoded %d leaves in this mesh's blocks, or in float where it keeps them so (each "
+                   "value within one quantization step): %s", step, len(retiled), ", ".join(retiled))
     return Restored(state, step, metadata, retiled=tuple(retiled) if optimizer_changed != "reinit" else ())
 
   def restore_subtree(self, target: Any, prefix: str, step: int | None = None) -> Restored:

@@ -1,29 +1,34 @@
-"""Quantized optimizer state restored onto a mesh whose blocks differ.
+"""Quantized optimizer state restored onto a mesh that lays it out otherwise.
 
 ``shardopt.quantized_state`` fits its blocks (tiles of each moment) inside
 one device's shard, so the same state saved on one mesh may have other
 tiles, hence other code and scale shapes, than the restore target built for
-another mesh. ``saved_tiles`` gives, for every quantized leaf of the target
-whose saved shapes differ, a stand-in of the saved shapes (read in the
-target's layout where it divides them, else whole on every device);
-``retile`` then re-encodes each one in the target's tiles, placed in the
-target's shardings. Where the tiles agree nothing changes: those leaves are
+another mesh; or be codes on one mesh and float on the other (no tile fits
+the other mesh's shard). ``saved_tiles`` gives, for every target leaf saved
+in another form, a stand-in of the saved form (read in the target's layout
+where it divides it, else whole on every device); ``retile`` then brings
+each one to the target's form in the target's shardings: codes re-encoded
+in the target's tiles, codes decoded into a float target, float encoded in
+the target's tiles. Where the forms agree nothing changes: those leaves are
 read as they are, bit for bit.
 
 What the codes mean (width, code family, sign) is not in their shapes:
 ``code_notes`` describes it for the saved layout, so a restore into codes
-of another meaning is refused as a layout difference, never misread.
+of another meaning is refused as a layout difference, never misread, and
+saved codes restored into float are decoded as what they were written as.
 """
 
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 from jax.sharding import SingleDeviceSharding
 
 import shardopt
 from checkpoints import layout
+from shardopt._src.quantization import quantized_array
 
 __all__ = ["code_notes", "retile", "saved_tiles"]
 
@@ -50,21 +55,21 @@ def _splits(sharding, ndim: int) -> list[int]:
   return out
 
 
-def _stand_in(saved_spec: dict, like) -> jax.ShapeDtypeStruct:
-  """A leaf of the saved shape, in ``like``'s spec where it divides (else
-  whole on every device), in device memory: ``retile`` computes on it there
-  and writes the result to the memory ``like`` lives in (host-offloaded
-  state: ``state_memory_kind``). A target on one device reads it whole
-  there; one without a sharding keeps none (the read then says what to
-  pass, as for any leaf)."""
-  shape = tuple(saved_spec["shape"])
+def _stand_in(shape, dtype, like) -> jax.ShapeDtypeStruct:
+  """A leaf of ``shape`` and ``dtype``, in ``like``'s spec where it divides
+  (else whole on every device), in device memory: ``retile`` computes on it
+  there and writes the result to the memory ``like`` lives in
+  (host-offloaded state: ``state_memory_kind``). A target on one device
+  reads it whole there; one without a sharding keeps none (the read then
+  says what to pass, as for any leaf)."""
+  shape = tuple(shape)
   sharding = getattr(like, "sharding", None)
   if isinstance(sharding, NamedSharding):
     spec = sharding.spec if _divides(shape, sharding) else PartitionSpec()
     sharding = NamedSharding(sharding.mesh, spec)
   elif isinstance(sharding, SingleDeviceSharding):
     sharding = SingleDeviceSharding(next(iter(sharding.device_set)))
-  return jax.ShapeDtypeStruct(shape, like.dtype, sharding=sharding)
+  return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
 
 def code_notes(tree: Any, prefix: str = "") -> dict[str, dict]:
@@ -72,51 +77,126 @@ def code_notes(tree: Any, prefix: str = "") -> dict[str, dict]:
   (e.g. ``"8-bit companded signed"``), the names as ``layout.named_leaves``
   gives them (after ``prefix``, where given)."""
   nodes = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_quantized)[0]
-  start = f"{prefix}." if prefix else ""
-  return {f"{start}{layout.leaf_name(path)}.codes": {"quantized": _meaning(node)}
+  return {f"{_name(path, prefix)}.codes": {"quantized": _meaning(node.bits, node.signed, node.code)}
           for path, node in nodes if _is_quantized(node)}
 
 
-def _meaning(q) -> str:
-  return f"{q.bits}-bit {q.code} {'signed' if q.signed else 'non-negative'}"
+def _name(path, prefix: str) -> str:
+  return f"{prefix}.{layout.leaf_name(path)}" if prefix else layout.leaf_name(path)
+
+
+def _meaning(bits: int, signed: bool, code: str) -> str:
+  return f"{bits}-bit {code} {'signed' if signed else 'non-negative'}"
+
+
+def _code_of(meaning) -> tuple[int, bool, str] | None:
+  """``(bits, signed, code)`` that ``_meaning`` writes as ``meaning``; None
+  for anything else (a record written before codes said what they mean)."""
+  words = meaning.split(" ") if isinstance(meaning, str) else []
+  if len(words) != 3 or not words[0].removesuffix("-bit").isdigit():
+    return None
+  form = (int(words[0].removesuffix("-bit")), words[2] == "signed", words[1])
+  return form if _meaning(*form) == meaning else None
 
 
 def saved_tiles(target: Any, saved: dict[str, dict]) -> tuple[Any, list[str]]:
-  """``(read_target, names)``: ``target`` with each quantized leaf whose
-  saved codes or scales have other shapes replaced by a stand-in of the
-  saved shapes, and the names of those leaves."""
-  nodes, treedef = jax.tree_util.tree_flatten_with_path(
-      target, is_leaf=_is_quantized)
+  """``(read_target, names)``: ``target`` with each leaf saved in another
+  form (quantized in other tiles, quantized where the target is float, float
+  where it is quantized) replaced by a stand-in of the saved form, and the
+  names of those leaves."""
+  nodes, treedef = jax.tree_util.tree_flatten_with_path(target, is_leaf=_is_quantized)
   changed, out = [], []
   for path, node in nodes:
-    if not _is_quantized(node):
-      out.append(node)
-      continue
     name = layout.leaf_name(path)
-    codes, scales = saved.get(f"{name}.codes"), saved.get(f"{name}.scales")
-    if (codes is None or scales is None
-        or (tuple(codes["shape"]), tuple(scales["shape"]))
-        == (tuple(node.codes.shape), tuple(node.scales.shape))):
-      out.append(node)
-      continue
-    changed.append(name)
-    out.append(shardopt.QuantizedArray(
-        _stand_in(codes, node.codes), _stand_in(scales, node.scales),
-        node.shape, node.bits, node.signed, node.code))
+    read = _saved_form(name, node, saved)
+    if read is not None:
+      changed.append(name)
+    out.append(node if read is None else read)
   return jax.tree_util.tree_unflatten(treedef, out), changed
 
 
+def _saved_form(name: str, node, saved: dict[str, dict]):
+  """A stand-in of the form ``name`` was saved in where it is not
+  ``node``'s, else None (read as it is, or its difference reported)."""
+  codes, scales = saved.get(f"{name}.codes"), saved.get(f"{name}.scales")
+  if _is_quantized(node):
+    if codes is not None and scales is not None:
+      return _other_tiles(node, codes, scales)
+    return _saved_float(node, saved.get(name))
+  if name in saved or codes is None or scales is None:
+    return None
+  return _saved_codes(node, codes, scales)
+
+
+def _other_tiles(node, codes: dict, scales: dict):
+  """``node``'s codes and scales in their saved shapes, where they differ."""
+  if (tuple(codes["shape"]), tuple(scales["shape"])) == (node.codes.shape, node.scales.shape):
+    return None
+  return shardopt.QuantizedArray(
+      _stand_in(codes["shape"], node.codes.dtype, node.codes),
+      _stand_in(scales["shape"], node.scales.dtype, node.scales),
+      node.shape, node.bits, node.signed, node.code)
+
+
+def _saved_float(node, spec: dict | None):
+  """A float leaf of ``node``'s shape (its difference from the saved one
+  reported as any leaf's) where ``spec`` is a saved float array."""
+  if spec is None or spec["key_impl"] is not None or spec["dtype"].startswith("python:"):
+    return None
+  dtype = jnp.dtype(spec["dtype"])
+  if not jnp.issubdtype(dtype, jnp.floating):
+    return None
+  return _stand_in(node.shape, dtype, node.codes)
+
+
+def _saved_codes(node, codes: dict, scales: dict):
+  """The saved codes of a leaf of ``node``'s shape, as written (their
+  recorded code), where they are the codes of such a leaf."""
+  form = _code_of(codes.get("quantized"))
+  if form is None or not hasattr(node, "shape"):
+    return None
+  read = shardopt.QuantizedArray(
+      _stand_in(codes["shape"], jnp.dtype(codes["dtype"]), node),
+      _stand_in(scales["shape"], jnp.dtype(scales["dtype"]), node),
+      tuple(node.shape), *form)
+  return read if _encodes(read) else None
+
+
+def _encodes(q) -> bool:
+  """Whether ``q``'s codes and scales have the shapes that encoding a leaf
+  of ``q.shape`` in blocks of ``q.tile`` gives."""
+  shape, blocks = q.shape, q.scales.shape
+  if len(blocks) != len(shape) or any(m == 0 or n % m for n, m in zip(shape, blocks)):
+    return False
+  want = jax.eval_shape(lambda x: quantized_array.requantize(x, q),
+                        jax.ShapeDtypeStruct(shape, jnp.float32))
+  return (want.codes.shape, want.scales.shape) == (q.codes.shape, q.scales.shape)
+
+
 def retile(state: Any, target: Any) -> Any:
-  """``state`` (read with ``saved_tiles``' stand-ins) with every quantized
-  leaf in ``target``'s tiles and shardings."""
-  def one(read, like):
-    if not _is_quantized(read) or (
-        read.codes.shape == like.codes.shape
-        and read.scales.shape == like.scales.shape):
+  """``state`` (read with ``saved_tiles``' stand-ins) with every leaf saved
+  in another form in ``target``'s form (tiles, or float) and shardings."""
+  return jax.tree.map(_as_target, state, target, is_leaf=_is_quantized)
+
+
+def _as_target(read, like):
+  """``read`` in ``like``'s form and shardings: re-tiled, decoded into
+  ``like``'s dtype, or encoded in ``like``'s tiles; itself where it has it."""
+  if _is_quantized(read) and _is_quantized(like):
+    if (read.codes.shape, read.scales.shape) == (like.codes.shape, like.scales.shape):
       return read
-    shardings = shardopt.QuantizedArray(
-        like.codes.sharding, like.scales.sharding, like.shape, like.bits,
-        like.signed, like.code)
-    return jax.jit(lambda q: shardopt.retile_quantized(q, like),
-                   out_shardings=shardings)(read)
-  return jax.tree.map(one, state, target, is_leaf=_is_quantized)
+    convert = lambda q: shardopt.retile_quantized(q, like)
+  elif _is_quantized(like):
+    convert = lambda x: quantized_array.requantize(x, like)
+  elif _is_quantized(read):
+    convert = lambda q: q.decode(like.dtype)
+  else:
+    return read
+  return jax.jit(convert, out_shardings=_shardings(like))(read)
+
+
+def _shardings(like):
+  if not _is_quantized(like):
+    return like.sharding
+  return shardopt.QuantizedArray(like.codes.sharding, like.scales.sharding, like.shape,
+                                 like.bits, like.signed, like.code)
