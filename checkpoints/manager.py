@@ -338,24 +338,22 @@ class CheckpointManager:
     values = self._read(step, pairs, saved, partial=len(pairs) < len(saved.leaves))
     state = layout.rebuild(read_target, layout.named_leaves(read_target), values, saved.leaves)
     if optimizer_changed == "reinit":
-      state = fresh_opt_state(state, target, opt_state_key)
-    elif retiled:
-      state = retile.retile(state, target)
-      _log.warning("Step %d was saved with other quantization blocks or precision (another mesh): "
-                   "re-encoded %d leaves in this mesh's blocks, or in float where it keeps them so (each "
-                   "value within one quantization step): %s", step, len(retiled), ", ".join(retiled))
-    return Restored(state, step, metadata, retiled=tuple(retiled) if optimizer_changed != "reinit" else ())
+      return Restored(fresh_opt_state(state, target, opt_state_key), step, metadata)
+    return Restored(_in_target_form(state, target, retiled, step), step, metadata, retiled=tuple(retiled))
 
   def restore_subtree(self, target: Any, prefix: str, step: int | None = None) -> Restored:
-    """Restores only the saved leaves under ``prefix`` (e.g. ``"params"``) into ``target``."""
+    """Restores only the saved leaves under ``prefix`` (e.g. ``"params"``) into ``target``;
+    quantized state saved in another form is re-tiled as ``restore`` does (``Restored.retiled``)."""
     step = self._step(step)
     saved, metadata = self._record(step)
-    pairs = [(f"{prefix}.{n}", x) for n, x in layout.named_leaves(target)]
+    read_target, retiled = retile.saved_tiles(target, saved.leaves, prefix)
+    pairs = [(f"{prefix}.{n}", x) for n, x in layout.named_leaves(read_target)]
     under = {n: s for n, s in saved.leaves.items() if n.startswith(prefix + ".")}
-    layout.check_same(under, layout.describe(pairs, retile.code_notes(target, prefix)),
+    layout.check_same(under, layout.describe(pairs, retile.code_notes(read_target, prefix)),
                       f"Restoring {prefix!r} of step {step} from {self.directory}")
     values = self._read(step, pairs, saved, partial=True)
-    return Restored(layout.rebuild(target, pairs, values, saved.leaves), step, metadata)
+    state = layout.rebuild(read_target, pairs, values, saved.leaves)
+    return Restored(_in_target_form(state, target, retiled, step), step, metadata, retiled=tuple(retiled))
 
   def restore_params(self, params_target: Any, step: int | None = None, *, prefix: str = "params") -> Restored:
     """Restores the params only (a TrainState's ``params`` by default)."""
@@ -387,6 +385,17 @@ class CheckpointManager:
     raise NoCheckpointError(f"No readable checkpoint in {self.directory}."
                             + "".join(f"\n  step {s.step}: {s.reason}" for s in skipped),
                             skipped=skipped)
+
+
+def _in_target_form(state: Any, target: Any, retiled: list[str], step: int) -> Any:
+  """``state`` with the leaves named in ``retiled`` (read in their saved form) in ``target``'s
+  (``retile.retile``), said in a warning naming them."""
+  if not retiled:
+    return state
+  _log.warning("Step %d was saved with other quantization blocks or precision (another mesh): "
+               "re-encoded %d leaves in this mesh's blocks, or in float where it keeps them so (each "
+               "value within one quantization step): %s", step, len(retiled), ", ".join(retiled))
+  return retile.retile(state, target)
 
 
 def _reinit_hint(paths: list[str], opt_state_key: str) -> str:

@@ -99,15 +99,16 @@ def _code_of(meaning) -> tuple[int, bool, str] | None:
   return form if _meaning(*form) == meaning else None
 
 
-def saved_tiles(target: Any, saved: dict[str, dict]) -> tuple[Any, list[str]]:
+def saved_tiles(target: Any, saved: dict[str, dict], prefix: str = "") -> tuple[Any, list[str]]:
   """``(read_target, names)``: ``target`` with each leaf saved in another
   form (quantized in other tiles, quantized where the target is float, float
   where it is quantized) replaced by a stand-in of the saved form, and the
-  names of those leaves."""
+  names of those leaves (after ``prefix``: a target restored as the subtree
+  saved under it)."""
   nodes, treedef = jax.tree_util.tree_flatten_with_path(target, is_leaf=_is_quantized)
   changed, out = [], []
   for path, node in nodes:
-    name = layout.leaf_name(path)
+    name = _name(path, prefix)
     read = _saved_form(name, node, saved)
     if read is not None:
       changed.append(name)

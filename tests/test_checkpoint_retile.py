@@ -129,3 +129,48 @@ def test_float_saved_on_one_mesh_restores_as_codes_where_the_target_quantizes(tm
     assert (got.codes.sharding, got.scales.sharding) == (like.codes.sharding, like.scales.sharding)
     _within_one_step(_as_float(got), np.asarray(was), signed=got.signed)
   np.testing.assert_allclose(got_next["w"], want_next["w"], rtol=0, atol=1e-3)
+
+
+def _adamw_8bit(mesh_shape, zero):
+  """(opt, params) of 8-bit AdamW on a (256, 256) param split over 'model'
+  on its columns; ZeRO over 'data' where ``zero``."""
+  mesh = partitioning.make_mesh(mesh_shape)
+  shardings = partitioning.named_shardings(mesh, {"w": P(None, "model")})
+  params = {"w": jax.random.normal(jax.random.key(0), (256, 256))}
+  opt = shardopt.make_sharded_optimizer(shardopt.adamw(1e-2, state_bits=8), params, shardings,
+                                        shard_state_over="data" if zero else None)
+  return opt, jax.device_put(params, shardings)
+
+
+def test_restore_subtree_restores_quantized_state_onto_another_mesh_as_restore_does(tmp_path):
+  """The optimizer state alone (``restore_subtree(..., "opt_state")``),
+  saved on data=2,model=4 with ZeRO: onto data=8,model=1, whose blocks
+  differ, it is re-tiled and listed as a whole-state ``restore`` re-tiles
+  it (bit-equal to that), each value within one code step of the saved
+  one; onto the saving mesh it is read bit for bit and nothing is listed."""
+  opt, params = _adamw_8bit("data=2,model=4", zero=True)
+  state = opt.init(params)
+  params, state = opt.update(_grads(params, 0), state, params)
+  with ck.CheckpointManager(tmp_path) as mngr:
+    mngr.save(1, {"params": params, "opt_state": state})
+    mngr.wait_until_finished()
+  saved = jax.device_get(state)
+  other, other_params = _adamw_8bit("data=8,model=1", zero=False)
+  target = other.init.eval_shape(other_params)
+  with ck.CheckpointManager(tmp_path, read_only=True) as mngr:
+    alone = mngr.restore_subtree(target, "opt_state")
+    whole = mngr.restore({"params": other_params, "opt_state": target})
+    same = mngr.restore_subtree(opt.init.eval_shape(params), "opt_state")
+  assert sorted(alone.retiled) == sorted(whole.retiled) == [f"opt_state.0.{m}.w" for m in _MOMENTS]
+  assert jax.tree.structure(alone.state) == jax.tree.structure(target)
+  for got, want, like in zip(jax.tree.leaves(alone.state), jax.tree.leaves(whole.state["opt_state"]),
+                             jax.tree.leaves(target)):
+    assert got.sharding == like.sharding
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  for name in _MOMENTS:
+    got, was = _moment(alone.state, name), _moment(saved, name)
+    assert got.tile != was.tile
+    _within_one_step(_as_float(got), _as_float(was), signed=got.signed)
+  assert same.retiled == ()
+  for got, want in zip(jax.tree.leaves(same.state), jax.tree.leaves(saved)):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
