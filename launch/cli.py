@@ -12,6 +12,7 @@ on it are checked by the job before it creates anything. A bad argument is a
 """
 
 import argparse
+import importlib.util
 import math
 import os
 import pathlib
@@ -21,7 +22,8 @@ from launch import defaults
 HYPERPARAMETER_FLAGS = ("b1", "b2", "eps", "weight_decay", "momentum")  # optimizer keywords
 
 __all__ = ["EXIT_CODES", "EXIT_DONE", "EXIT_ERROR", "EXIT_NONFINITE", "EXIT_STORAGE",
-           "EXIT_USAGE", "HYPERPARAMETER_FLAGS", "NonFiniteError", "StorageError", "UsageError",
+           "EXIT_USAGE", "HYPERPARAMETER_FLAGS", "NonFiniteError", "StorageError", "URL_PACKAGES",
+           "UsageError",
            "blocking_part", "check_args", "explicit_flags", "finish", "keyword_values",
            "parse_args", "set_cpu_devices", "several_processes", "step_range"]
 
@@ -371,11 +373,27 @@ def blocking_part(path: str) -> tuple[str, str] | None:
   return None
 
 
+# URL schemes the job reads and writes through etils.epath, and the packages it does that with
+# (one is enough: gcsfs by fsspec, or tensorflow's gfile), the first the one to install.
+URL_PACKAGES = {"gs": ("gcsfs", "tensorflow")}
+
+
+def _check_url(flag: str, path: str) -> None:
+  """A URL whose scheme needs a package (``URL_PACKAGES``) that is not installed is refused,
+  naming the package and the command that installs it."""
+  packages = URL_PACKAGES.get(path.partition("://")[0], ())
+  if packages and not any(importlib.util.find_spec(name) for name in packages):
+    raise UsageError(f"{flag} {path}: {path.partition('://')[0]}:// paths need the package"
+                     f" {packages[0]}, which is not installed: pip install {packages[0]}")
+
+
 def _check_paths(args: argparse.Namespace) -> None:
   for name in ("out", "checkpoint_dir"):
     path = getattr(args, name)
     if path is not None and not path.strip():
       raise UsageError(f"{_flag(name)} {path!r}: an empty path; name a folder")
+    if path is not None and "://" in path:
+      _check_url(_flag(name), path)
     blocked = blocking_part(path) if path is not None and "://" not in path else None
     if blocked is not None:
       part, what = blocked

@@ -228,9 +228,10 @@ def _initial_state(args, model, abstract, opt, abstract_state, manager, resumed,
 
 
 def _open_manager(args) -> checkpoints.CheckpointManager:
+  """The checkpoints of --checkpoint-dir as given: a URL (gs://...) kept, a local path made
+  absolute by the manager."""
   return checkpoints.CheckpointManager(
-      pathlib.Path(args.checkpoint_dir).absolute(),
-      checkpoints.CheckpointPolicy(keep_last=args.keep_checkpoints))
+      args.checkpoint_dir, checkpoints.CheckpointPolicy(keep_last=args.keep_checkpoints))
 
 
 def _save(manager, step, params, opt_state, meta, guard) -> int:

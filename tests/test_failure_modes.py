@@ -21,6 +21,7 @@ import stat
 import subprocess
 import sys
 import time
+import tomllib
 
 import numpy as np
 import pytest
@@ -777,6 +778,16 @@ def test_cluster_scripts_resume_auto():
   for script in ("slurm.sbatch", "k8s-indexed-job.yaml", "tpu_pod.sh"):
     command = (h.ROOT / "launch" / "scripts" / script).read_text()
     assert "launch.train" in command and "--resume auto" in command, script
+
+
+def test_the_tpu_script_installs_what_its_bucket_needs():
+  """tpu_pod.sh keeps the checkpoints in a gs:// bucket: it installs the gcs extra, which names
+  the package the job needs for gs:// (cli.URL_PACKAGES); it installed neither."""
+  extras = tomllib.loads((h.ROOT / "pyproject.toml").read_text())["project"][
+      "optional-dependencies"]
+  assert cli.URL_PACKAGES["gs"][0] in extras["gcs"]
+  script = (h.ROOT / "launch" / "scripts" / "tpu_pod.sh").read_text()
+  assert 'OUT="${OUT:-gs://' in script and "pip install -q -e '.[gcs]'" in script
 
 
 def test_metrics_are_strict_json(tmp_path):

@@ -6,6 +6,7 @@ import json
 import os
 import pathlib
 import re
+import sys
 
 import pytest
 
@@ -95,6 +96,23 @@ def test_print_config_refuses_what_a_run_refuses(tmp_path, capsys, argv):
   assert train.main([*flags_, "--cpu-devices", "0", "--out", str(out)]) == cli.EXIT_USAGE
   assert capsys.readouterr().err == printed.err
   assert not out.exists()
+
+
+def test_a_bucket_checkpoint_dir_without_gcsfs_is_a_usage_error(tmp_path, monkeypatch, capsys):
+  """etils.epath reads gs:// through gcsfs (or tensorflow): with neither installed the run
+  failed with 'error: ImportError: Please install gcsfs to access Google Storage', exit 1. Now
+  the flag is refused, naming the package and how to install it; nothing is created."""
+  for missing in ("gcsfs", "tensorflow"):
+    monkeypatch.setitem(sys.modules, missing, None)  # not importable, whatever is installed
+  monkeypatch.chdir(tmp_path)
+  argv = [*h.TINY, "--cpu-devices", "0", "--steps", "2", "--checkpoint-dir", "gs://bucket/ck"]
+  for extra in ([], ["--print-config"]):
+    assert train.main([*argv, *extra]) == cli.EXIT_USAGE
+    printed = capsys.readouterr()
+    assert printed.out == "" and printed.err == (
+        "error: --checkpoint-dir gs://bucket/ck: gs:// paths need the package gcsfs, which is"
+        " not installed: pip install gcsfs\n")
+  assert list(tmp_path.iterdir()) == []
 
 
 def _written(tmp_path, name: str, text: str) -> str:

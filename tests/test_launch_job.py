@@ -3,9 +3,11 @@ TensorBoard event files, a profile, a greedy sample; and the compiled
 programs behind them (launch/steps.py), the data split they rely on
 (launch/data.py) and the event-file writer (launch/tensorboard.py)."""
 
+import argparse
 import gzip
 import json
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -122,6 +124,19 @@ def test_train_step_norms_of_finite_trees_are_finite(scale):
   params = jax.device_put({"w": jnp.array(w)}, shardings)
   _, _, _, norms = step(params, opt.init(params), jnp.zeros((4,)))
   assert float(norms["param_norm"]) == math.inf
+
+
+def test_a_bucket_checkpoint_dir_reaches_the_checkpoints_as_a_url(monkeypatch):
+  """The job made every --checkpoint-dir a local absolute path: gs://bucket/ck became
+  CWD/gs:/bucket/ck, where a run with gcsfs installed wrote its checkpoints. The manager gets
+  the URL (a local path it makes absolute itself)."""
+  opened = []
+  monkeypatch.setattr(checkpoints, "CheckpointManager",
+                      lambda directory, policy: opened.append(os.fspath(directory)))
+  for directory in ("gs://bucket/ck", "run/ck"):
+    job._open_manager(argparse.Namespace(  # pylint: disable=protected-access
+        checkpoint_dir=directory, keep_checkpoints=3))
+  assert opened == ["gs://bucket/ck", "run/ck"]
 
 
 def _flops(flags):

@@ -3,7 +3,8 @@
 #
 # Expects: gcloud configured for the project; a TPU VM slice named $TPU_NAME in
 # $ZONE (e.g. v4-32 or v5e-16); this repository cloned at $REPO_DIR on every
-# worker (or pass REPO_URL to clone it) with `pip install -e .` and jax[tpu].
+# worker (or pass REPO_URL to clone it) with `pip install -e '.[gcs]'` (gcsfs: the
+# checkpoints go to the gs:// bucket $OUT) and jax[tpu].
 # jax.distributed.initialize() auto-detects the TPU workers (--auto-distributed),
 # so no coordinator address is needed. Extra arguments go to launch.train.
 # Running the script again continues the run: --resume auto resumes from the
@@ -18,7 +19,7 @@ OUT="${OUT:-gs://YOUR_BUCKET/shardopt-run}"   # every worker must see the same c
 setup=""
 if [[ -n "${REPO_URL:-}" ]]; then
   setup="[ -d ${REPO_DIR} ] || git clone ${REPO_URL} ${REPO_DIR};
-         cd ${REPO_DIR} && pip install -q -e . 'jax[tpu]' &&"
+         cd ${REPO_DIR} && pip install -q -e '.[gcs]' 'jax[tpu]' &&"
 fi
 
 gcloud compute tpus tpu-vm ssh "${TPU_NAME}" --zone "${ZONE}" --worker=all --command "
