@@ -136,12 +136,14 @@ def _fmt(spec: dict) -> str:
   return f"{spec['dtype']}{tuple(spec['shape'])}{impl}{codes}"
 
 
-def check_same(saved: dict[str, dict], target: dict[str, dict], what: str, hint=None) -> None:
-  """Raises StructureMismatchError listing every differing path.
+def check_same(saved: dict[str, dict], target: dict[str, dict], what: str, hint=None,
+               more: list[tuple[str, str]] = ()) -> None:
+  """Raises StructureMismatchError listing every differing path, and ``more``
+  (``[(path, what differs)]`` found otherwise: ``state_classes.differences``).
 
   ``hint(paths)`` may return advice appended to the message.
   """
-  diffs = differences(saved, target)
+  diffs = differences(saved, target) + list(more)
   if diffs:
     advice = hint([n for n, _ in diffs]) if hint else ""
     raise StructureMismatchError(

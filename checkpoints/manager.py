@@ -27,6 +27,7 @@ from checkpoints import layout
 from checkpoints import quiet
 from checkpoints import record
 from checkpoints import retile
+from checkpoints import state_classes
 from checkpoints.barrier import barrier
 from checkpoints.directory import checked_directory
 from checkpoints.errors import CheckpointError
@@ -309,8 +310,9 @@ class CheckpointManager:
 
     ``target`` is the state as the current program would build it: arrays, or
     ``jax.ShapeDtypeStruct`` with ``sharding=`` for the current mesh (any mesh
-    shape, device or process count). Any difference of paths, shapes or dtypes
-    raises ``StructureMismatchError`` listing them. With
+    shape, device or process count). Any difference of paths, shapes or dtypes,
+    or an optimizer-state NamedTuple of another class than the one saved
+    (``checkpoints.state_classes``), raises ``StructureMismatchError`` listing them. With
     ``optimizer_changed="reinit"`` the leaves under ``opt_state_key`` are not
     read: the optimizer state is created fresh (``target.tx.init`` for a
     TrainState, else the target's own concrete values).
@@ -334,23 +336,27 @@ class CheckpointManager:
       layout.check_same(saved_rest, layout.describe(pairs, notes), what)
     else:
       hint = lambda paths: _reinit_hint(paths, opt_state_key)
-      layout.check_same(saved.leaves, layout.describe(pairs, notes), what, hint)
+      layout.check_same(saved.leaves, layout.describe(pairs, notes), what, hint,
+                        _class_differences(saved, target, "", opt_state_key))
     values = self._read(step, pairs, saved, partial=len(pairs) < len(saved.leaves))
     state = layout.rebuild(read_target, layout.named_leaves(read_target), values, saved.leaves)
     if optimizer_changed == "reinit":
       return Restored(fresh_opt_state(state, target, opt_state_key), step, metadata)
     return Restored(_in_target_form(state, target, retiled, step), step, metadata, retiled=tuple(retiled))
 
-  def restore_subtree(self, target: Any, prefix: str, step: int | None = None) -> Restored:
+  def restore_subtree(self, target: Any, prefix: str, step: int | None = None, *,
+                      opt_state_key: str = "opt_state") -> Restored:
     """Restores only the saved leaves under ``prefix`` (e.g. ``"params"``) into ``target``;
-    quantized state saved in another form is re-tiled as ``restore`` does (``Restored.retiled``)."""
+    quantized state saved in another form is re-tiled, and optimizer state of another class
+    refused, as ``restore`` does."""
     step = self._step(step)
     saved, metadata = self._record(step)
     read_target, retiled = retile.saved_tiles(target, saved.leaves, prefix)
     pairs = [(f"{prefix}.{n}", x) for n, x in layout.named_leaves(read_target)]
     under = {n: s for n, s in saved.leaves.items() if n.startswith(prefix + ".")}
     layout.check_same(under, layout.describe(pairs, retile.code_notes(read_target, prefix)),
-                      f"Restoring {prefix!r} of step {step} from {self.directory}")
+                      f"Restoring {prefix!r} of step {step} from {self.directory}",
+                      more=_class_differences(saved, target, prefix, opt_state_key))
     values = self._read(step, pairs, saved, partial=True)
     state = layout.rebuild(read_target, pairs, values, saved.leaves)
     return Restored(_in_target_form(state, target, retiled, step), step, metadata, retiled=tuple(retiled))
@@ -385,6 +391,13 @@ class CheckpointManager:
     raise NoCheckpointError(f"No readable checkpoint in {self.directory}."
                             + "".join(f"\n  step {s.step}: {s.reason}" for s in skipped),
                             skipped=skipped)
+
+
+def _class_differences(saved: record.Record, target: Any, prefix: str,
+                       opt_state_key: str) -> list[tuple[str, str]]:
+  """The optimizer-state nodes (under ``opt_state_key``) whose saved class is not the target's."""
+  return state_classes.differences(saved.classes, state_classes.of(target, prefix),
+                                   lambda name: is_optimizer_leaf(name, opt_state_key))
 
 
 def _in_target_form(state: Any, target: Any, retiled: list[str], step: int) -> Any:

@@ -1,14 +1,16 @@
 """The record saved beside each step's arrays: their layout, their checksums and a digest.
 
 The ``layout`` item is ``{"format", "algorithm", "seed", "leaves", "checksums",
-"digest"}``: ``leaves`` is each leaf's shape, dtype and key implementation
-(and a quantized leaf's code, ``retile.code_notes``),
+"state_classes", "digest"}``: ``leaves`` is each leaf's shape, dtype and key
+implementation (and a quantized leaf's code, ``retile.code_notes``),
 ``checksums`` each leaf's layout-independent checksum (checkpoints.integrity,
-at the points drawn from ``seed``), and ``digest`` a SHA-256 of the leaves,
-checksums, seed and the user metadata, so damage to these small JSON files is
-caught as well. Older steps stay readable: format 2 (checksums of
-checkpoints.integrity_v2) is verified with its own checksum, format 1 (no
-checksums) restores unverified.
+at the points drawn from ``seed``), ``state_classes`` the class of each
+NamedTuple node (checkpoints.state_classes), and ``digest`` a SHA-256 of the
+leaves, checksums, seed, state classes and the user metadata, so damage to
+these small JSON files is caught as well. Older steps stay readable: format 3
+without state classes (written before they were recorded) restores without
+comparing them, format 2 (checksums of checkpoints.integrity_v2) is verified
+with its own checksum, format 1 (no checksums) restores unverified.
 """
 
 import hashlib
@@ -19,6 +21,7 @@ from checkpoints import integrity
 from checkpoints import integrity_v2
 from checkpoints import layout
 from checkpoints import retile
+from checkpoints import state_classes
 
 __all__ = ["FORMAT", "Record", "make", "parse"]
 
@@ -31,9 +34,10 @@ class Record:
   """A parsed, self-consistent record; ``verify`` checks arrays as read against it."""
 
   def __init__(self, leaves: dict[str, dict], checksums: dict[str, list[int]] | None,
-               recompute=None):
+               recompute=None, classes: dict[str, dict] | None = None):
     self.leaves = leaves
     self.checksums = checksums  # None: a format-1 step, restored unverified
+    self.classes = classes  # None: written before state classes were recorded
     self._recompute = recompute
 
   def damaged(self, values: dict[str, Any]) -> list[str]:
@@ -42,10 +46,13 @@ class Record:
     return integrity.mismatches(self.checksums, self._recompute(values))
 
 
-def _digest(leaves: dict, checksums: dict, metadata: Any, seed: int | None = None) -> str:
+def _digest(leaves: dict, checksums: dict, metadata: Any, seed: int | None = None,
+            classes: dict | None = None) -> str:
   fields = {"leaves": leaves, "checksums": checksums, "metadata": metadata}
   if seed is not None:
     fields["seed"] = seed
+  if classes is not None:
+    fields["state_classes"] = classes
   return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
@@ -55,14 +62,18 @@ def make(state: Any, saveable: dict[str, Any], metadata: Any) -> dict:
   A collective with several processes: every process calls it.
   """
   leaves = layout.describe(layout.named_leaves(state), retile.code_notes(state))
+  classes = state_classes.of(state)
   seed = integrity.new_seed()
   sums = integrity.checksums(saveable, seed)
   return {"format": FORMAT, "algorithm": integrity.ALGORITHM, "seed": seed, "leaves": leaves,
-          "checksums": sums, "digest": _digest(leaves, sums, metadata, seed)}
+          "checksums": sums, "state_classes": classes,
+          "digest": _digest(leaves, sums, metadata, seed, classes)}
 
 
 def _check_digest(saved: dict, metadata: Any, seed: int | None) -> None:
-  if _digest(saved.get("leaves"), saved.get("checksums"), metadata, seed) != saved.get("digest"):
+  digest = _digest(saved.get("leaves"), saved.get("checksums"), metadata, seed,
+                   saved.get("state_classes"))
+  if digest != saved.get("digest"):
     raise ValueError("its layout or metadata file changed after it was written (digest mismatch)")
 
 
@@ -81,4 +92,5 @@ def parse(saved: Any, metadata: Any) -> Record:
                      f"not {FORMAT!r} / {integrity.ALGORITHM!r} with a seed")
   _check_digest(saved, metadata, saved["seed"])
   seed = saved["seed"]
-  return Record(saved["leaves"], saved["checksums"], lambda values: integrity.checksums(values, seed))
+  return Record(saved["leaves"], saved["checksums"], lambda values: integrity.checksums(values, seed),
+                saved.get("state_classes"))

@@ -1,5 +1,8 @@
 """Save a sharded TrainState on a (2,4) mesh, restore it onto other meshes and partially."""
 
+import hashlib
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -303,3 +306,90 @@ def test_latest_step_is_the_step_restore_reads_and_a_save_below_it_says_so(tmp_p
   with ck.CheckpointManager(tmp_path) as mngr:
     assert mngr.all_steps() == [100, 150, 200]
     assert mngr.latest_step() == mngr.restore(target).step == 200
+
+
+def _class_name(x) -> str:
+  return f"{type(x).__module__}.{type(x).__qualname__}"
+
+
+def _adam_saved(directory, mesh, tx=None):
+  """A TrainState of Adam (``tx``, shardopt's by default) after 2 steps, saved at step 2."""
+  state, _ = _run(_create(tx or shardopt.adam(1e-2), mesh), 0, 2)
+  with ck.CheckpointManager(directory) as mngr:
+    mngr.save(2, {"train": state})
+    mngr.wait_until_finished()
+  return state
+
+
+def test_a_state_of_another_class_with_the_same_fields_is_refused_then_reinitialised_on_request(tmp_path):
+  """Adam's state (count, mu, nu) restored into AdaBelief's (count, mu, nu):
+  the same leaf names, shapes and dtypes, so Adam's nu was read as
+  AdaBelief's. Refused naming the node and both classes, with the reinit
+  advice; reinit restores the rest and a fresh AdaBelief state."""
+  mesh = _mesh((2, 4))
+  state = _adam_saved(tmp_path, mesh)
+  fresh = _create(shardopt.adabelief(1e-2), mesh)
+  assert jax.tree.structure(fresh.opt_state) != jax.tree.structure(state.opt_state)
+  assert [n for n, _ in ck.layout.named_leaves(fresh)] == [n for n, _ in ck.layout.named_leaves(state)]
+  with ck.CheckpointManager(tmp_path) as mngr:
+    with pytest.raises(ck.StructureMismatchError) as info:
+      mngr.restore({"train": fresh})
+    with pytest.raises(ck.StructureMismatchError, match=(
+        r"train\.opt_state\.0: saved state class .*\.ScaleByAdamState vs target .*\.ScaleByBeliefState")):
+      mngr.restore_subtree(fresh.opt_state, "train.opt_state")
+    got = mngr.restore({"train": fresh}, optimizer_changed="reinit").state["train"]
+  message = str(info.value)
+  assert (f"train.opt_state.0: saved state class {_class_name(state.opt_state[0])} vs target "
+          f"{_class_name(fresh.opt_state[0])}") in message
+  assert "at 1 path(s)" in message and "optimizer_changed='reinit'" in message
+  _assert_bit_equal(got.params, state.params)
+  assert type(got.opt_state[0]) is type(fresh.opt_state[0])
+  _assert_bit_equal(got.opt_state, shardopt.adabelief(1e-2).init(state.params))
+
+
+def test_the_same_state_class_restores_from_optax_or_another_module(tmp_path):
+  """optax's Adam state restores into shardopt's (each its own
+  ScaleByAdamState, the same fields: shardopt keeps optax's names), bit for
+  bit, onto another mesh."""
+  state = _adam_saved(tmp_path, _mesh((2, 4)), optax.adam(1e-2))
+  target = _create(shardopt.adam(1e-2), _mesh((4, 2)))
+  assert _class_name(state.opt_state[0]) != _class_name(target.opt_state[0])
+  with ck.CheckpointManager(tmp_path) as mngr:
+    got = mngr.restore({"train": target}).state["train"]
+  _assert_bit_equal(got, state)
+
+
+def _rewrite_record(directory, step, edit):
+  """The step's record with ``edit(record)`` applied and its digest made
+  again as format 3 defines it (sha256 of the sorted JSON of the leaves,
+  checksums, metadata and seed, and of the state classes where recorded)."""
+  record_file = directory / str(step) / "layout" / "metadata"
+  saved = edit(json.loads(record_file.read_text()))
+  metadata = json.loads((directory / str(step) / "metadata" / "metadata").read_text())
+  fields = {k: saved[k] for k in ("leaves", "checksums", "seed")}
+  fields["metadata"] = metadata
+  if "state_classes" in saved:
+    fields["state_classes"] = saved["state_classes"]
+  saved["digest"] = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+  record_file.write_text(json.dumps(saved))
+
+
+def test_a_step_saved_before_state_classes_were_recorded_restores_unchecked(tmp_path):
+  """A record without state classes (written before they were recorded)
+  restores as it did; an edited class record is damage (digest mismatch)."""
+  mesh = _mesh((2, 4))
+  state = _adam_saved(tmp_path, mesh)
+  record_file = tmp_path / "2" / "layout" / "metadata"
+  assert json.loads(record_file.read_text())["state_classes"]["train.opt_state.0"] == {
+      "module": type(state.opt_state[0]).__module__, "qualname": "ScaleByAdamState"}
+  original = record_file.read_text()
+  edited = json.loads(original)
+  edited["state_classes"]["train.opt_state.0"]["qualname"] = "ScaleByBeliefState"
+  record_file.write_text(json.dumps(edited))
+  with ck.CheckpointManager(tmp_path) as mngr:
+    with pytest.raises(ck.CorruptCheckpointError, match="digest mismatch"):
+      mngr.restore({"train": _create(shardopt.adam(1e-2), mesh)})
+  record_file.write_text(original)
+  _rewrite_record(tmp_path, 2, lambda r: {k: v for k, v in r.items() if k != "state_classes"})
+  with ck.CheckpointManager(tmp_path) as mngr:
+    _assert_bit_equal(mngr.restore({"train": _create(shardopt.adam(1e-2), mesh)}).state["train"], state)
