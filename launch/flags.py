@@ -17,7 +17,7 @@ from launch import cli
 from launch import run_config
 from launch import run_folder
 
-__all__ = ["resolve"]
+__all__ = ["given_flags", "resolve"]
 
 
 def _resumed_run(given: dict) -> tuple[dict, list]:
@@ -54,11 +54,18 @@ def _refuse_changes(saved: dict, given: dict, where: str) -> None:
     raise cli.UsageError(run_config.describe_changes(refused, where))
 
 
-def resolve(argv=None) -> argparse.Namespace:
-  """The checked flags of this invocation (see the module docstring)."""
+def given_flags(argv=None) -> dict:
+  """The flags ``argv`` gives, as the job's parser reads them, over those of its --config file
+  (no defaults, nothing checked but their form)."""
   given = cli.explicit_flags(argv)
   if given.get("config"):
     given = {**run_config.read_file(given["config"]), **given}
+  return given
+
+
+def resolve(argv=None) -> argparse.Namespace:
+  """The checked flags of this invocation (see the module docstring)."""
+  given = given_flags(argv)
   saved, given_before = _resumed_run(given) if given.get("resume") else ({}, [])
   args = cli.finish({**saved, **given}, given, given_before)
   args.out_is_newest_run = "out" in saved  # never inherited: found by --resume

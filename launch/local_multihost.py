@@ -32,6 +32,7 @@ import threading
 import time
 
 from launch import cli
+from launch import flags
 from launch import run_folder
 
 __all__ = ["check_args", "free_port", "main", "parse_args", "process_commands", "run_processes"]
@@ -192,28 +193,31 @@ def parse_args(argv=None) -> argparse.Namespace:
   return _parser().parse_args(argv)
 
 
-def _default_out(job_args: list[str]) -> str:
-  """The run folder every process shares when --out is not given: with
-  --resume the newest one holding a checkpoint (``--resume auto``: else a new
-  one), otherwise a new name unique to this launcher (the job creates it)."""
+def _default_out(given: dict) -> str:
+  """The run folder every process shares when the job's flags ``given`` (``flags.given_flags``)
+  name none, the one the job alone would take: with --resume (and no --checkpoint-dir) the
+  newest one holding a checkpoint (``--resume auto``: else a new one), otherwise a new name
+  unique to this launcher (the job creates it)."""
   fresh = str(run_folder.new_name(tag=str(os.getpid())))
-  if "--resume" not in job_args:
+  if not given.get("resume") or given.get("checkpoint_dir") is not None:
     return fresh
   try:
     return str(run_folder.newest_resumable())
   except cli.UsageError:
-    at = job_args.index("--resume") + 1
-    if job_args[at:at + 1] == ["auto"]:
+    if given["resume"] == "auto":
       return fresh
     raise
 
 
 def _job_args(args: argparse.Namespace) -> list[str]:
-  """The arguments after --; for the main job, one --out shared by every process."""
+  """The arguments after --; for the main job, one --out shared by every process unless its
+  flags (read by its own parser) name one."""
   job_args = args.job_args[1:] if args.job_args[:1] == ["--"] else args.job_args
-  names_out = any(a == "--out" or a.startswith("--out=") for a in job_args)
-  if args.module == "launch.train" and not names_out:
-    job_args = [*job_args, "--out", _default_out(job_args)]
+  if args.module != "launch.train":
+    return job_args
+  given = flags.given_flags(job_args)
+  if given.get("out") is None:
+    job_args = [*job_args, "--out", _default_out(given)]
   return job_args
 
 

@@ -96,3 +96,37 @@ def test_local_launcher_gives_every_process_the_same_run_folder(tmp_path, monkey
     assert cli.parse_args(command[command.index("launch.train") + 1:]).coordinator
   given = local_multihost.parse_args(["--", "--out", "mine"])
   assert all(c.count("--out") == 1 and "mine" in c for c in local_multihost.process_commands(given, 1))
+
+
+@pytest.mark.parametrize("resume", [["--resume=auto"], ["--resume", "auto"], ["--resume"],
+                                    ["--resume=required"], ["--res"], ["--resume", "--steps", "9"]])
+def test_local_launcher_resumes_the_run_the_job_would(tmp_path, monkeypatch, resume):
+  """Every spelling of --resume the job's parser takes gives every process the newest run that
+  holds a checkpoint, as the job alone would take; '--resume=auto' (and '--res') gave a new run
+  folder, the launcher seeing no word '--resume'."""
+  from launch import local_multihost
+  monkeypatch.chdir(tmp_path)
+  for name in ("lm-20260101-000000", "lm-20260102-000000"):
+    (tmp_path / "runs" / name / "checkpoints" / "10").mkdir(parents=True)
+  (tmp_path / "runs" / "lm-20260103-000000").mkdir()  # the newest, no checkpoint
+  args = local_multihost.parse_args(["--", "--steps", "12", *resume])
+  for command in local_multihost.process_commands(args, port=12345):
+    assert command[command.index("--out") + 1] == "runs/lm-20260102-000000", command
+
+
+def test_local_launcher_keeps_the_run_folder_the_job_is_given(tmp_path, monkeypatch):
+  """--out as the job's parser reads it (abbreviated, or in a --config file) is the folder of
+  every process: the launcher added its own --out after '--ou X', which the job took instead.
+  With --checkpoint-dir, --resume does not look for the newest run (the job does not)."""
+  from launch import local_multihost
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "runs" / "lm-20260101-000000" / "checkpoints" / "10").mkdir(parents=True)
+  (tmp_path / "c.toml").write_text('out = "from-file"\n')
+  for job_args in (["--ou", "mine"], ["--out=mine"], ["--config", "c.toml"],
+                   ["--config", "c.toml", "--resume"]):
+    commands = local_multihost.process_commands(local_multihost.parse_args(["--", *job_args]), 1)
+    assert all("--out" not in command for command in commands), (job_args, commands)
+  args = local_multihost.parse_args(["--", "--checkpoint-dir", "ck", "--resume"])
+  for command in local_multihost.process_commands(args, 1):
+    assert command[command.index("--out") + 1].startswith("runs/lm-"), command
+    assert command[command.index("--out") + 1] != "runs/lm-20260101-000000", command

@@ -64,6 +64,20 @@ def test_adam_two_processes_match_one_and_resume_in_one(tmp_path, adam_reference
   assert_within_four_ulp(resumed, adam_reference[:6])
 
 
+def test_the_launcher_resumes_the_newest_run_with_resume_equals_auto(tmp_path):
+  """'--resume=auto' after -- continues the newest run, as python -m launch.train --resume=auto
+  does: the launcher gave the processes a new run folder, and they started afresh there."""
+  work = tmp_path / "work"
+  work.mkdir()
+  assert h.run(["launch.train", *h.TINY, "--steps", "2"], tmp_path / "first", 240, cwd=work) == 0
+  runs = sorted((work / "runs").iterdir())
+  assert h.run([*LAUNCH, *h.TINY, "--steps", "3", "--resume=auto"], tmp_path / "log", 240,
+               cwd=work) == 0
+  assert "resumed from step 2" in (tmp_path / "log").read_text()
+  assert sorted((work / "runs").iterdir()) == runs and len(runs) == 1
+  assert len(h.losses(runs[0])) == 3
+
+
 def test_quantized_state_two_processes_resume_in_one_on_another_mesh(tmp_path, capsys):
   """8-bit state saved by 2 processes on data=4,model=2, resumed by 1 on
   data=8,model=1: the blocks differ, the leaves are re-encoded and named."""
