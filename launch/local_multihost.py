@@ -4,7 +4,9 @@
 
 starts ``python -m launch.train`` N times, each with K simulated CPU devices,
 ``--coordinator 127.0.0.1:PORT --num-processes N --process-id i`` (a free
-port), so ``jax.distributed.initialize`` joins them into one N*K-device job.
+port), so ``jax.distributed.initialize`` joins them into one N*K-device job
+(``--init-timeout`` and ``--heartbeat-timeout`` passed on too): those job flags
+are the launcher's, refused after ``--`` (``SET_BY_LAUNCHER``).
 Every output line is prefixed with its process index: the processes' stdout
 on the launcher's stdout, their stderr on its stderr.
 
@@ -35,7 +37,8 @@ from launch import cli
 from launch import flags
 from launch import run_folder
 
-__all__ = ["check_args", "free_port", "main", "parse_args", "process_commands", "run_processes"]
+__all__ = ["SET_BY_LAUNCHER", "check_args", "free_port", "main", "parse_args", "process_commands",
+           "run_processes"]
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # to every process as SIGTERM
 
@@ -185,6 +188,8 @@ def _parser() -> argparse.ArgumentParser:
                  help="seconds between SIGTERM and SIGKILL when stopping processes")
   p.add_argument("--heartbeat-timeout", type=int, default=10,
                  help="seconds before jax aborts a process whose peer went silent")
+  p.add_argument("--init-timeout", type=int, default=60,
+                 help="seconds a process waits for the others to join")
   p.add_argument("job_args", nargs=argparse.REMAINDER)
   return p
 
@@ -209,12 +214,32 @@ def _default_out(given: dict) -> str:
     raise
 
 
+# The main job's flags the launcher gives every process (after the arguments after --, so its
+# values would win), and the launcher's flag that sets each (None: not the user's to set).
+SET_BY_LAUNCHER = {"cpu_devices": "--devices", "coordinator": "--port",
+                   "num_processes": "--processes", "process_id": None, "auto_distributed": None,
+                   "init_timeout": "--init-timeout", "heartbeat_timeout": "--heartbeat-timeout"}
+
+
+def _refuse_flags_set_by_launcher(job_args: list[str]) -> None:
+  """Raises UsageError naming the first flag of ``SET_BY_LAUNCHER`` that ``job_args`` give, as
+  the job's parser reads them (a --config file's values for them are replaced silently)."""
+  given = cli.explicit_flags(job_args)
+  for name, instead in SET_BY_LAUNCHER.items():
+    if name in given:
+      remedy = f"pass the launcher's {instead} before -- instead" if instead else "leave it out"
+      raise cli.UsageError(f"--{name.replace('_', '-')} after --: the launcher sets it for every"
+                           f" process; {remedy}")
+
+
 def _job_args(args: argparse.Namespace) -> list[str]:
-  """The arguments after --; for the main job, one --out shared by every process unless its
-  flags (read by its own parser) name one."""
+  """The arguments after --; for the main job, checked not to give a flag the launcher sets
+  (``SET_BY_LAUNCHER``), and one --out shared by every process unless its flags (read by its
+  own parser) name one."""
   job_args = args.job_args[1:] if args.job_args[:1] == ["--"] else args.job_args
   if args.module != "launch.train":
     return job_args
+  _refuse_flags_set_by_launcher(job_args)
   given = flags.given_flags(job_args)
   if given.get("out") is None:
     job_args = [*job_args, "--out", _default_out(given)]
@@ -228,14 +253,16 @@ def process_commands(args: argparse.Namespace, port: int) -> list[list[str]]:
            "--cpu-devices", str(args.devices),
            "--coordinator", f"127.0.0.1:{port}",
            "--num-processes", str(args.processes), "--process-id", str(i),
-           "--init-timeout", "60", "--heartbeat-timeout", str(args.heartbeat_timeout)]
+           "--init-timeout", str(args.init_timeout),
+           "--heartbeat-timeout", str(args.heartbeat_timeout)]
           for i in range(args.processes)]
 
 
 def check_args(args: argparse.Namespace) -> None:
   """Raises UsageError naming the first launcher flag whose value cannot work."""
   for flag, value, low in (("--processes", args.processes, 1), ("--devices", args.devices, 1),
-                           ("--port", args.port, 0), ("--heartbeat-timeout", args.heartbeat_timeout, 1)):
+                           ("--port", args.port, 0), ("--init-timeout", args.init_timeout, 1),
+                           ("--heartbeat-timeout", args.heartbeat_timeout, 1)):
     if value < low:
       raise cli.UsageError(f"{flag} {value}: must be at least {low}")
   if args.port > 65535:

@@ -394,6 +394,35 @@ def test_launcher_usage_error_is_one_line(tmp_path, args, culprits):
   assert list(work.iterdir()) == []
 
 
+@pytest.mark.parametrize("job_flags,culprit", [
+    (["--cpu-devices", "2"], "--cpu-devices after --: the launcher sets it for every process;"
+                             " pass the launcher's --devices before -- instead"),
+    (["--heartbeat-timeout=300"], "--heartbeat-timeout after --: the launcher sets it for every"
+                                  " process; pass the launcher's --heartbeat-timeout before --"),
+    (["--init", "5"], "--init-timeout after --: the launcher sets it for every process; pass the"
+                      " launcher's --init-timeout before -- instead"),
+    (["--num-processes", "2"], "--num-processes after --: the launcher sets it for every"
+                               " process; pass the launcher's --processes before -- instead"),
+    (["--coordinator", "127.0.0.1:5000"], "--coordinator after --: the launcher sets it for every"
+                                          " process; pass the launcher's --port before --"),
+    (["--process-id", "0"], "--process-id after --: the launcher sets it for every process;"
+                            " leave it out"),
+    (["--auto-distributed"], "--auto-distributed after --: the launcher sets it for every"
+                             " process; leave it out"),
+], ids=["cpu_devices", "heartbeat_timeout", "init_timeout", "num_processes", "coordinator",
+        "process_id", "auto_distributed"])
+def test_launcher_refuses_a_job_flag_it_sets_itself(tmp_path, job_flags, culprit):
+  """The launcher put its own values after the job's arguments, so the job silently ran with
+  them (--init-timeout 5 -> 60, --cpu-devices 2 -> 4, --heartbeat-timeout 300 -> 10). Now one
+  line naming the launcher's flag; nothing started or created."""
+  work = tmp_path / "work"
+  work.mkdir()
+  result = job(tmp_path, "--timeout", "60", "--", *h.TINY, "--steps", "1", *job_flags,
+               module="launch.local_multihost", cwd=work)
+  usage_error(result, culprit)
+  assert result.out == "" and list(work.iterdir()) == []
+
+
 def test_launcher_passes_the_processes_stderr_to_its_stderr(tmp_path):
   """A job's error line reached the launcher's stdout, its stderr left empty. Both processes
   refuse the flag; the launcher ends the other when the first exits, so the line of at least

@@ -96,6 +96,11 @@ def test_local_launcher_gives_every_process_the_same_run_folder(tmp_path, monkey
     assert cli.parse_args(command[command.index("launch.train") + 1:]).coordinator
   given = local_multihost.parse_args(["--", "--out", "mine"])
   assert all(c.count("--out") == 1 and "mine" in c for c in local_multihost.process_commands(given, 1))
+  timeouts = local_multihost.parse_args(["--init-timeout", "5", "--heartbeat-timeout", "30",
+                                         "--devices", "2", "--", "--out", "mine"])
+  for command in local_multihost.process_commands(timeouts, 1):  # the job's values: the launcher's
+    args = cli.parse_args(command[command.index("launch.train") + 1:])
+    assert (args.init_timeout, args.heartbeat_timeout, args.cpu_devices) == (5, 30, 2)
 
 
 @pytest.mark.parametrize("resume", [["--resume=auto"], ["--resume", "auto"], ["--resume"],
