@@ -142,7 +142,8 @@ def _add_optimizer(p) -> None:
   g.add_argument("--correction-bits", type=int, choices=(8, 16, 0), default=None,
                  help="with --param-dtype bfloat16, bits of the master-weight correction per"
                  " param: 8 (the master to about 16 significant bits), 16 (the float32 master"
-                 " exactly) or 0 (none: plain bfloat16 params); default 8")
+                 " exactly, but for a master halfway between two bfloat16 values, which loses"
+                 " its last bit) or 0 (none: plain bfloat16 params); default 8")
   g.add_argument("--state-memory-kind", choices=("device", "pinned_host"), default="device",
                  help="where the optimizer state lives between steps; pinned_host: host"
                  " memory, moved to the device and back inside each step")
