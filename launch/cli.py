@@ -393,6 +393,11 @@ def _check_paths(args: argparse.Namespace) -> None:
     path = getattr(args, name)
     if path is not None and not path.strip():
       raise UsageError(f"{_flag(name)} {path!r}: an empty path; name a folder")
+    if name == "out" and path is not None and "://" in path:
+      raise UsageError(f"--out {path}: must be a local folder (the metrics, the plot, the logs"
+                       " and the run's lock are written there as local files); keep the"
+                       f" checkpoints in a bucket with --checkpoint-dir {path.rstrip('/')}"
+                       "/checkpoints")
     if path is not None and "://" in path:
       _check_url(_flag(name), path)
     blocked = blocking_part(path) if path is not None and "://" not in path else None

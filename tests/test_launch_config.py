@@ -115,6 +115,22 @@ def test_a_bucket_checkpoint_dir_without_gcsfs_is_a_usage_error(tmp_path, monkey
   assert list(tmp_path.iterdir()) == []
 
 
+def test_a_bucket_out_is_a_usage_error(tmp_path, monkeypatch, capsys):
+  """--out is written with local file calls (metrics, plot, logs, the run's lock): --out
+  gs://bucket/run made a local folder CWD/gs:/bucket/run (or, without gcsfs, failed with an
+  ImportError, exit 1). Refused as such (not for a missing gcsfs); nothing is created."""
+  monkeypatch.chdir(tmp_path)
+  for missing in ("gcsfs", "tensorflow"):
+    monkeypatch.setitem(sys.modules, missing, None)
+  assert train.main([*h.TINY, "--cpu-devices", "0", "--steps", "2", "--out",
+                     "gs://bucket/run"]) == cli.EXIT_USAGE
+  assert capsys.readouterr().err == (
+      "error: --out gs://bucket/run: must be a local folder (the metrics, the plot, the logs"
+      " and the run's lock are written there as local files); keep the checkpoints in a"
+      " bucket with --checkpoint-dir gs://bucket/run/checkpoints\n")
+  assert list(tmp_path.iterdir()) == []
+
+
 def _written(tmp_path, name: str, text: str) -> str:
   path = tmp_path / name
   path.write_text(text)
