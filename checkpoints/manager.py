@@ -327,7 +327,9 @@ class CheckpointManager:
       raise ValueError(f"optimizer_changed must be one of {OPTIMIZER_CHANGED}, got {optimizer_changed!r}.")
     step = self._step(step)
     saved, metadata = self._record(step)
-    read_target, retiled = retile.saved_tiles(target, saved.leaves)
+    # reinit reads no optimizer state (where quantized state lives): nothing to re-tile
+    read_target, retiled = ((target, []) if optimizer_changed == "reinit"
+                            else retile.saved_tiles(target, saved.leaves))
     pairs, notes = layout.named_leaves(read_target), retile.code_notes(read_target)
     what = f"Restoring step {step} from {self.directory}"
     if optimizer_changed == "reinit":

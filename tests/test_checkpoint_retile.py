@@ -174,3 +174,26 @@ def test_restore_subtree_restores_quantized_state_onto_another_mesh_as_restore_d
   assert same.retiled == ()
   for got, want in zip(jax.tree.leaves(same.state), jax.tree.leaves(saved)):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_reinit_keeps_the_targets_fresh_quantized_state_whose_blocks_differ(tmp_path):
+  """``optimizer_changed="reinit"`` into a target holding its own fresh
+  8-bit state in other blocks than the saved one: the params are read, the
+  optimizer state is the target's (the re-tiling stand-ins of the state it
+  does not read made it refuse the target as abstract)."""
+  opt, params = _adamw_8bit("data=2,model=4", zero=True)
+  state = opt.init(params)
+  params, state = opt.update(_grads(params, 0), state, params)
+  with ck.CheckpointManager(tmp_path) as mngr:
+    mngr.save(1, {"params": params, "opt_state": state})
+    mngr.wait_until_finished()
+  other, other_params = _adamw_8bit("data=8,model=1", zero=False)
+  fresh = other.init(other_params)
+  assert _moment(fresh, "mu").tile != _moment(state, "mu").tile
+  with ck.CheckpointManager(tmp_path, read_only=True) as mngr:
+    restored = mngr.restore({"params": other_params, "opt_state": fresh}, optimizer_changed="reinit")
+  np.testing.assert_array_equal(np.asarray(restored.state["params"]["w"]), np.asarray(params["w"]))
+  assert restored.retiled == ()
+  assert jax.tree.structure(restored.state["opt_state"]) == jax.tree.structure(fresh)
+  for got, want in zip(jax.tree.leaves(restored.state["opt_state"]), jax.tree.leaves(fresh)):
+    assert got is want
