@@ -4,10 +4,10 @@ training mesh, reading the params in their training shardings.
 
 ``train_step`` is ``ShardedOptimizer.train_step`` with the global norms of
 the gradients (before any clipping the optimizer does), of the update applied
-and of the new params computed inside the program (``norms``): they come back
-with the loss, as replicated device scalars, and cost no host sync of their
-own. The update
-runs as ``opt.update`` does (ZeRO update layout, the extra arguments its
+and of the new params computed inside the program
+(``shardopt.sharding.global_norms``): they come back with the loss, as
+replicated device scalars, and cost no host sync of their own. The update runs
+as ``opt.update`` does (ZeRO update layout, the extra arguments its
 optimizer reads: ``optim.update_arguments``).
 """
 
@@ -19,8 +19,7 @@ from jax.sharding import PartitionSpec as P
 import shardopt
 from launch.model import greedy_continue
 
-__all__ = ["STATS", "eval_loss", "global_norm", "greedy_sample", "norms", "stats", "trace",
-           "train_step"]
+__all__ = ["STATS", "eval_loss", "greedy_sample", "stats", "trace", "train_step"]
 
 STATS = ("loss", "grad_norm", "update_norm", "param_norm")
 
@@ -29,32 +28,13 @@ def _replicated(shardings):
   return NamedSharding(jax.tree.leaves(shardings)[0].mesh, P())
 
 
-def global_norm(tree) -> jax.Array:
-  """The L2 norm of the leaves of ``tree`` together, in float32 at least, the squares
-  scaled by a power of two near the largest magnitude: finite wherever the norm is (plain
-  float32 squares overflow from 1.8e19 and vanish below 1e-19), the plain sum's bits
-  otherwise; inf or nan where a leaf holds one."""
-  leaves = [jnp.abs(x).astype(jnp.promote_types(x.dtype, jnp.float32))
-            for x in jax.tree.leaves(tree)]
-  largest = jnp.max(jnp.stack([jnp.max(x, initial=0) for x in leaves]))
-  exponent = jnp.maximum(jnp.frexp(largest)[1], jnp.finfo(jnp.float32).minexp)
-  total = sum(jnp.sum(jnp.square(jnp.ldexp(x, -exponent))) for x in leaves)
-  return jnp.ldexp(jnp.sqrt(total), exponent)
-
-
-def norms(grads, updates, new_params) -> dict[str, jax.Array]:
-  """A ``metrics`` function of ``train_step``: the ``global_norm`` of the gradients, of the
-  updates and of the new params."""
-  return {"grad_norm": global_norm(grads), "update_norm": global_norm(updates),
-          "param_norm": global_norm(new_params)}
-
-
 def train_step(opt, loss_fn, extra_args: tuple[str, ...]) -> shardopt.sharding.TrainStep:
   """``(params, state, batch) -> (params, state, loss, norms)``, ``norms`` the
-  dict of ``norms``; params and state donated (use only the returned
+  dict of ``shardopt.sharding.global_norms``; params and state donated (use only the returned
   ones); ``tx.update`` receives ``extra_args`` (``optim.update_arguments``).
   ``stats(loss, norms)`` is the dict of the scalars named in ``STATS``."""
-  return opt.train_step(loss_fn, metrics=norms, extra_args=extra_args)
+  return opt.train_step(loss_fn, metrics=shardopt.sharding.global_norms,
+                         extra_args=extra_args)
 
 
 def trace(step, params, state, batch_shape: tuple[int, int]) -> None:
