@@ -10,8 +10,8 @@ restore is tried again for ``sum(RETRY_MISSING_S)`` seconds before any such
 verdict (a shared filesystem that lags). When no step reads back, nothing is
 renamed, with ``--resume auto`` too: the job stops, listing each step and why
 (it starts fresh only where there is no step at all: launch/run_folder.py).
-Quantized state saved in other blocks (another mesh) is re-encoded on restore
-and the leaves are named.
+Quantized state saved in other blocks (another mesh) is re-encoded on restore,
+or decoded where this mesh keeps the leaf in float, and the leaves are named.
 Nothing else in the run folder changes here but a torn last line of the
 metrics (``set_aside_torn_line``); the caller trims the metrics only after
 the restore succeeded.
@@ -183,7 +183,8 @@ def restore(manager, target: dict, current_config: dict, steps_wanted: int, say=
         f" ({_shortened(skipped.reason)}); resumed from step {restored.step} instead;"
         f" the damaged step is kept as {kept}")
   if restored.retiled:
-    say(f"re-encoded {len(restored.retiled)} quantized state leaves in this mesh's blocks"
-        f" (each value within one quantization step of the saved one):"
+    say(f"re-encoded {len(restored.retiled)} quantized state leaves in this mesh's blocks,"
+        f" or in float where this mesh keeps them so (each value within one quantization"
+        f" step of the saved one):"
         f" {', '.join(restored.retiled)}")
   return restored
