@@ -30,11 +30,14 @@ import time
 import jax
 import jax.numpy as jnp
 
-__all__ = ["PEAKS", "Peak", "Window", "compile_step", "peak_flops"]
+__all__ = ["PEAKS", "Peak", "Window", "compile_step", "data_sheet_peak", "peak_flops"]
 
-# device_kind substring -> dense bfloat16 FLOP/s per device (vendors' data sheets).
+# device_kind substring -> dense bfloat16 FLOP/s per device (vendors' data sheets); the first
+# that the device_kind contains wins, so a variant comes before its family (the PCIe and NVL
+# parts' clocks and power are lower than the SXM parts').
 PEAKS = {
-    "H200": 989e12, "H100": 989e12, "A100": 312e12,
+    "H200 NVL": 835e12, "H200": 989e12, "H100 PCIe": 756e12, "H100 NVL": 835e12,
+    "H100": 989e12, "A100": 312e12,
     "TPU v6 lite": 918e12, "TPU v5 lite": 197e12, "TPU v5": 459e12, "TPU v4": 275e12,
 }
 
@@ -78,11 +81,16 @@ def peak_flops(peak_tflops: float | None = None) -> Peak:
     rate = _cpu_matmul_rate() * jax.process_count()
     return Peak(rate, f"{rate / 1e9:.0f} GFLOP/s, a float32 matmul measured on this host"
                 f" x {jax.process_count()} process(es): an estimate")
-  for name, flops in PEAKS.items():
-    if name in kind:
-      return Peak(flops * devices, f"{flops / 1e12:g} TFLOP/s dense bfloat16 per {kind} x"
-                  f" {devices}")
-  return Peak(None, f"unknown for {kind!r}: pass --peak-tflops (per device)")
+  flops = data_sheet_peak(kind)
+  if flops is None:
+    return Peak(None, f"unknown for {kind!r}: pass --peak-tflops (per device)")
+  return Peak(flops * devices, f"{flops / 1e12:g} TFLOP/s dense bfloat16 per {kind} x"
+              f" {devices}")
+
+
+def data_sheet_peak(device_kind: str) -> float | None:
+  """The dense bfloat16 FLOP/s of one device of ``device_kind`` (``PEAKS``), or None."""
+  return next((flops for name, flops in PEAKS.items() if name in device_kind), None)
 
 
 class Window:

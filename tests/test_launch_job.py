@@ -294,3 +294,13 @@ def test_lbfgs_trains_in_the_job_at_its_defaults(tmp_path, capsys):
   assert all(math.isfinite(r[f]) for r in records for f in steps.STATS)
   assert all(r["lr"] == 1.0 and r["update_norm"] > 0 for r in records)
   assert np.mean(losses[-5:]) < losses[0] - 1.5  # measured: 6.30 -> 3.75 (mean of the last 5)
+
+
+def test_the_mfu_peak_of_each_gpu_variant_is_its_data_sheet_figure():
+  """device_kind strings as jax reports them: the PCIe and NVL parts were scored against the SXM
+  parts' 989 TFLOP/s (H100 PCIe's data sheet: 756 dense bfloat16; NVL: 835)."""
+  expected = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100 PCIe": 756e12,
+              "NVIDIA H100 NVL": 835e12, "NVIDIA H200": 989e12, "NVIDIA H200 NVL": 835e12,
+              "NVIDIA A100-SXM4-80GB": 312e12, "TPU v5 lite": 197e12, "TPU v5p": 459e12,
+              "cpu": None}
+  assert {kind: throughput.data_sheet_peak(kind) for kind in expected} == expected
