@@ -12,6 +12,7 @@ from typing import Mapping, Sequence
 
 import jax
 from jax.sharding import AbstractMesh, AxisType, Mesh
+import numpy as np
 
 from partitioning.specs import PartitionError
 
@@ -55,12 +56,13 @@ def parse_mesh_shape(shape: MeshShape, num_devices: int | None = None) -> dict[s
   if not sizes:
     raise PartitionError("Empty mesh shape: give at least one axis, e.g. {'data': -1}.")
   for name, size in sizes.items():
-    whole = isinstance(size, int) and not isinstance(size, bool)
+    whole = isinstance(size, (int, np.integer)) and not isinstance(size, bool)
     if not isinstance(name, str) or not whole or (size < 1 and size != -1):
       raise PartitionError(
           f"Bad mesh axis {name!r}={size!r} in {shape!r}: sizes are positive"
           " integers, or -1 for the rest of the devices."
       )
+  sizes = {name: int(size) for name, size in sizes.items()}
   free = [name for name, size in sizes.items() if size == -1]
   if len(free) > 1:
     raise PartitionError(

@@ -1,6 +1,7 @@
 """Meshes from dicts and strings on the 8 simulated devices; abstract meshes; bad shapes."""
 
 import jax
+import numpy as np
 import pytest
 from jax.sharding import AxisType
 
@@ -39,6 +40,15 @@ def test_abstract_mesh_of_256_devices_needs_none():
 
 def test_parse_keeps_minus_one_without_device_count():
   assert parse_mesh_shape("data=-1,model=4") == {"data": -1, "model": 4}
+
+
+def test_numpy_integer_sizes_are_sizes():
+  """Sizes computed with NumPy (np.prod, // on arrays) were refused as not positive integers."""
+  mesh = make_mesh({"data": np.int64(4), "model": np.int32(-1)})
+  assert dict(mesh.shape) == {"data": 4, "model": 2}
+  assert {type(size) for size in parse_mesh_shape({"data": np.int64(2)}).values()} == {int}
+  with pytest.raises(PartitionError, match="Bad mesh axis 'data'=True"):
+    make_mesh({"data": True})
 
 
 @pytest.mark.parametrize(

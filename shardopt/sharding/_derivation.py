@@ -416,8 +416,9 @@ def _under_sharded_message(lost, param_leaves, spec_leaves, param_paths,
     block = math.gcd(*split) if split else None
     hints[owner] = (
         f"  params{param_paths[owner]}: each device holds a {shard} shard"
-        + (f"; a block_size dividing its split dimensions (e.g. {block})"
-           " keeps each block on one device" if block and block > 1 else ""))
+        + (f"; if its state is built in blocks, a block_size dividing its split"
+           f" dimensions (e.g. {block}) keeps each block on one device"
+           if block and block > 1 else ""))
   return (
       "these optimizer-state leaves are less sharded than the param they "
       "derive from, so each device holds more of them than its share:\n"
