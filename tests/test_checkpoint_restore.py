@@ -337,6 +337,10 @@ def test_a_state_of_another_class_with_the_same_fields_is_refused_then_reinitial
     with pytest.raises(ck.StructureMismatchError, match=(
         r"train\.opt_state\.0: saved state class .*\.ScaleByAdamState vs target .*\.ScaleByBeliefState")):
       mngr.restore_subtree(fresh.opt_state, "train.opt_state")
+    # The subtree's root is the node: it was named '<prefix>.<root>' and never compared.
+    with pytest.raises(ck.StructureMismatchError, match=(
+        r"train\.opt_state\.0: saved state class .*\.ScaleByAdamState vs target .*\.ScaleByBeliefState")):
+      mngr.restore_subtree(fresh.opt_state[0], "train.opt_state.0")
     got = mngr.restore({"train": fresh}, optimizer_changed="reinit").state["train"]
   message = str(info.value)
   assert (f"train.opt_state.0: saved state class {_class_name(state.opt_state[0])} vs target "
