@@ -379,18 +379,41 @@ def blocking_part(path: str) -> tuple[str, str] | None:
 URL_PACKAGES = {"gs": ("gcsfs", "tensorflow")}
 
 
+def _readable_scheme(scheme: str) -> bool:
+  """Whether etils.epath (which writes the checkpoints) makes a path of ``scheme``:// (it
+  raised KeyError for schemes it does not know, GS:// included: schemes are matched as
+  written)."""
+  from etils import epath  # pylint: disable=import-outside-toplevel
+  try:
+    epath.Path(f"{scheme}://bucket")
+  except KeyError:
+    return False
+  return True
+
+
 def _check_url(flag: str, path: str) -> None:
-  """A URL whose scheme needs a package (``URL_PACKAGES``) that is not installed is refused,
-  naming the package and the command that installs it."""
-  packages = URL_PACKAGES.get(path.partition("://")[0], ())
+  """A URL whose scheme etils.epath does not read is refused (naming the lower-case scheme
+  when that one is read); one whose scheme needs a package (``URL_PACKAGES``) that is not
+  installed is refused, naming the package and the command that installs it."""
+  scheme, _, rest = path.partition("://")
+  if not _readable_scheme(scheme):
+    hint = (f"; write the scheme in lower case: {scheme.lower()}://{rest}"
+            if scheme != scheme.lower() and _readable_scheme(scheme.lower()) else "")
+    raise UsageError(f"{flag} {path}: etils.epath (which writes the checkpoints) reads no"
+                     f" {scheme}:// paths{hint}")
+  packages = URL_PACKAGES.get(scheme, ())
   if packages and not any(importlib.util.find_spec(name) for name in packages):
     raise UsageError(f"{flag} {path}: {path.partition('://')[0]}:// paths need the package"
                      f" {packages[0]}, which is not installed: pip install {packages[0]}")
 
 
-def _check_paths(args: argparse.Namespace) -> None:
+def check_paths(values: dict) -> None:
+  """Refuses an --out or --checkpoint-dir in ``values`` that the job cannot use: empty, a
+  URL as --out, a URL etils.epath cannot read (``_check_url``), a local path blocked by a
+  file. Run before anything reads those folders (``launch.flags`` runs it on the given flags
+  before a --resume reads the run's saved flags)."""
   for name in ("out", "checkpoint_dir"):
-    path = getattr(args, name)
+    path = values.get(name)
     if path is not None and not path.strip():
       raise UsageError(f"{_flag(name)} {path!r}: an empty path; name a folder")
     if name == "out" and path is not None and "://" in path:
@@ -423,7 +446,7 @@ def check_args(args: argparse.Namespace) -> None:
   _check_numbers(args)
   _check_precision(args)
   _check_processes(args)
-  _check_paths(args)
+  check_paths(vars(args))
 
 
 def explicit_flags(argv: list[str]) -> dict:

@@ -131,6 +131,51 @@ def test_a_bucket_out_is_a_usage_error(tmp_path, monkeypatch, capsys):
   assert list(tmp_path.iterdir()) == []
 
 
+_NO_GCSFS = ("error: --checkpoint-dir gs://b/c: gs:// paths need the package gcsfs, which is not"
+             " installed: pip install gcsfs\n")
+_BUCKET_OUT = ("error: --out {}: must be a local folder (the metrics, the plot, the logs and the"
+               " run's lock are written there as local files); keep the checkpoints in a bucket"
+               " with --checkpoint-dir {}/checkpoints\n")
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["--resume", "--checkpoint-dir", "gs://b/c"], _NO_GCSFS),
+    (["--resume", "--out", "gs://b/r"], _BUCKET_OUT.format("gs://b/r", "gs://b/r")),
+    (["--resume=auto", "--out", "gs://b/r"], _BUCKET_OUT.format("gs://b/r", "gs://b/r")),
+    (["--config", "{config}", "--resume"], _BUCKET_OUT.format("gs://b/run", "gs://b/run")),
+    (["--print-config", "--resume", "--checkpoint-dir", "gs://b/c"], _NO_GCSFS),
+    (["--resume", "--checkpoint-dir", "GS://b/c"],
+     "error: --checkpoint-dir GS://b/c: etils.epath (which writes the checkpoints) reads no"
+     " GS:// paths; write the scheme in lower case: gs://b/c\n"),
+    (["--checkpoint-dir", "GS://b/c"],
+     "error: --checkpoint-dir GS://b/c: etils.epath (which writes the checkpoints) reads no"
+     " GS:// paths; write the scheme in lower case: gs://b/c\n"),
+    (["--checkpoint-dir", "nowhere://b/c"],
+     "error: --checkpoint-dir nowhere://b/c: etils.epath (which writes the checkpoints) reads"
+     " no nowhere:// paths\n"),
+], ids=["resume_checkpoint_dir", "resume_out", "resume_auto_out", "config_out",
+        "print_config_resume", "resume_upper_case_scheme", "upper_case_scheme",
+        "unknown_scheme"])
+def test_a_bucket_path_is_checked_before_a_resume_reads_it(tmp_path, monkeypatch, capsys, argv,
+                                                           error):
+  """With --resume the run's folder was read (for its saved flags) before --out and
+  --checkpoint-dir were checked: a gs:// path without gcsfs, or --out gs://, failed with 'error:
+  ImportError: Please install gcsfs to access Google Storage', exit 1; GS:// (which etils.epath
+  does not read) with 'error: KeyError: 'GS://''. Now the same usage errors as without --resume
+  (given on the command line or in --config), exit 2, nothing created."""
+  for missing in ("gcsfs", "tensorflow"):
+    monkeypatch.setitem(sys.modules, missing, None)
+  config = _written(tmp_path, "g.toml", 'out = "gs://b/run"\n')
+  cwd = tmp_path / "cwd"
+  cwd.mkdir()
+  monkeypatch.chdir(cwd)
+  argv = [arg.format(config=config) for arg in argv]
+  assert train.main([*h.TINY, "--cpu-devices", "0", "--steps", "2", *argv]) == cli.EXIT_USAGE
+  printed = capsys.readouterr()
+  assert printed.out == "" and printed.err == error
+  assert list(cwd.iterdir()) == []
+
+
 def _written(tmp_path, name: str, text: str) -> str:
   path = tmp_path / name
   path.write_text(text)
