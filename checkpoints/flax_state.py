@@ -175,8 +175,9 @@ def nnx_checkpoint_state(model: nnx.Module, optimizer: nnx.Optimizer) -> dict:
   optimizer (or its ``nnx.eval_shape``), then ``nnx_load_state`` it back.
   Quantized optimizer state (kept whole by ``nnx_tx``) stays
   ``shardopt.QuantizedArray``s of its codes and scales, which ``nnx.state``
-  would make plain mappings: restored onto a mesh with other blocks, they
-  are re-tiled (``checkpoints/retile.py``).
+  would make plain mappings: restored onto a mesh with other blocks, or
+  where the target keeps them in float (and float ones where it keeps
+  codes), they are re-tiled (``checkpoints/retile.py``).
   """
   flat = jax.tree_util.tree_flatten_with_path(optimizer.opt_state, is_leaf=_is_quantized)[0]
   quantized = {layout.leaf_name(("opt_state", *path)): node for path, node in flat

@@ -12,6 +12,12 @@ in the target's tiles, codes decoded into a float target, float encoded in
 the target's tiles. Where the forms agree nothing changes: those leaves are
 read as they are, bit for bit.
 
+An nnx ``Variable`` holds one array: a float moment of an nnx optimizer's
+state (``nnx_checkpoint_state``) is one, where a quantized one is a
+``QuantizedArray``. Both are taken whole, so a Variable target reads the
+codes saved at its node, and a quantized target the float of a Variable
+saved at its node; the float comes back in a Variable like the target's.
+
 What the codes mean (width, code family, sign) is not in their shapes:
 ``code_notes`` describes it for the saved layout, so a restore into codes
 of another meaning is refused as a layout difference, never misread, and
@@ -22,6 +28,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 from jax.sharding import SingleDeviceSharding
@@ -35,6 +42,22 @@ __all__ = ["code_notes", "retile", "saved_tiles"]
 
 def _is_quantized(x) -> bool:
   return isinstance(x, shardopt.QuantizedArray)
+
+
+def _is_variable(x) -> bool:
+  return isinstance(x, nnx.Variable)
+
+
+def _is_node(x) -> bool:
+  """A node re-tiled whole: quantized codes and scales, or a Variable's one array."""
+  return _is_quantized(x) or _is_variable(x)
+
+
+def _held_name(name: str, variable) -> str | None:
+  """The name of ``variable``'s array (``variable`` at node ``name``), as
+  ``layout.named_leaves`` names it; None where it holds other than one array."""
+  held = jax.tree_util.tree_flatten_with_path(variable)[0]
+  return f"{name}.{layout.leaf_name(held[0][0])}" if len(held) == 1 else None
 
 
 def _divides(shape, sharding) -> bool:
@@ -105,7 +128,7 @@ def saved_tiles(target: Any, saved: dict[str, dict], prefix: str = "") -> tuple[
   where it is quantized) replaced by a stand-in of the saved form, and the
   names of those leaves (after ``prefix``: a target restored as the subtree
   saved under it)."""
-  nodes, treedef = jax.tree_util.tree_flatten_with_path(target, is_leaf=_is_quantized)
+  nodes, treedef = jax.tree_util.tree_flatten_with_path(target, is_leaf=_is_node)
   changed, out = [], []
   for path, node in nodes:
     name = _name(path, prefix)
@@ -123,10 +146,12 @@ def _saved_form(name: str, node, saved: dict[str, dict]):
   if _is_quantized(node):
     if codes is not None and scales is not None:
       return _other_tiles(node, codes, scales)
-    return _saved_float(node, saved.get(name))
-  if name in saved or codes is None or scales is None:
+    read = _saved_float(node, saved.get(name))
+    return _saved_variable(name, node, saved) if read is None else read
+  own = _held_name(name, node) if _is_variable(node) else name
+  if own is None or own in saved or codes is None or scales is None:
     return None
-  return _saved_codes(node, codes, scales)
+  return _saved_codes(node.get_value() if _is_variable(node) else node, codes, scales)
 
 
 def _other_tiles(node, codes: dict, scales: dict):
@@ -148,6 +173,14 @@ def _saved_float(node, spec: dict | None):
   if not jnp.issubdtype(dtype, jnp.floating):
     return None
   return _stand_in(node.shape, dtype, node.codes)
+
+
+def _saved_variable(name: str, node, saved: dict[str, dict]):
+  """A Variable holding a float leaf of ``node``'s shape where ``name`` was
+  saved as a Variable holding a float array, else None."""
+  read = nnx.Variable(_stand_in(node.shape, jnp.float32, node.codes))
+  value = _saved_float(node, saved.get(_held_name(name, read)))
+  return None if value is None else read.replace(value)
 
 
 def _saved_codes(node, codes: dict, scales: dict):
@@ -177,12 +210,17 @@ def _encodes(q) -> bool:
 def retile(state: Any, target: Any) -> Any:
   """``state`` (read with ``saved_tiles``' stand-ins) with every leaf saved
   in another form in ``target``'s form (tiles, or float) and shardings."""
-  return jax.tree.map(_as_target, state, target, is_leaf=_is_quantized)
+  return jax.tree.map(_as_target, state, target, is_leaf=_is_node)
 
 
 def _as_target(read, like):
   """``read`` in ``like``'s form and shardings: re-tiled, decoded into
-  ``like``'s dtype, or encoded in ``like``'s tiles; itself where it has it."""
+  ``like``'s dtype, or encoded in ``like``'s tiles; itself where it has it.
+  A Variable's array is brought to the form, and a Variable ``like`` holds it."""
+  if _is_variable(like) and not _is_variable(read):
+    return like.replace(_as_target(read, like.get_value()))
+  if _is_variable(read) and not _is_variable(like):
+    return _as_target(read.get_value(), like)
   if _is_quantized(read) and _is_quantized(like):
     if (read.codes.shape, read.scales.shape) == (like.codes.shape, like.scales.shape):
       return read

@@ -405,3 +405,71 @@ def test_plain_nnx_optimizer_with_update_layout_on_explicit_axes(tx):
       return [float(step(model, optimizer)) for _ in range(3)]
 
   np.testing.assert_allclose(losses("explicit"), losses("auto"), rtol=1e-5)
+
+
+class _TallModel(nnx.Module):
+  """A (8, 520) kernel split over 'model': 8-bit blocks (8, 8) where 'model' is 1, none
+  fitting a (1, 520) shard where it is 8 (the moments kept in float)."""
+
+  def __init__(self, rngs):
+    self.dense = nnx.Linear(8, 520, rngs=rngs)
+
+  def __call__(self, x):
+    return self.dense(x)
+
+
+def _kernel_moments(optimizer) -> tuple:
+  """The kernel's ``(mu, nu)``: ``QuantizedArray``s, or float arrays."""
+  adam = nnx.as_pure(optimizer.opt_state)[0]
+  return adam.mu["dense"]["kernel"], adam.nu["dense"]["kernel"]
+
+
+@pytest.mark.parametrize("saved_mesh, restored_mesh", [((8, 1), (1, 8)), ((1, 8), (8, 1))],
+                         ids=["codes_to_float", "float_to_codes"])
+def test_nnx_moments_restore_between_codes_and_float(tmp_path, saved_mesh, restored_mesh):
+  """8-bit moments saved as codes restored where the target keeps them in float (exactly
+  the decoded codes), and float ones where the target keeps codes (within one code step):
+  each in the target's form, dtype and shardings, listed as re-tiled, and training goes on."""
+  tx = shardopt.adamw(1e-2, state_bits=8)
+  specs = {"kernel": P("model", None), "bias": P()}
+  make = lambda shape: ck.create_nnx_optimizer(
+      lambda: _TallModel(nnx.Rngs(0)), tx,
+      {"dense": {k: NamedSharding(partitioning.make_mesh({"data": shape[0], "model": shape[1]}), s)
+                 for k, s in specs.items()}})
+  x = jnp.linspace(-1.0, 1.0, 4 * 8).reshape(4, 8)
+
+  @nnx.jit
+  def step(model, optimizer):
+    loss, grads = nnx.value_and_grad(lambda m: jnp.mean(jnp.sin(m(x)) ** 2))(model)
+    optimizer.update(model, grads)
+    return loss
+
+  model, optimizer = make(saved_mesh)
+  for _ in range(2):
+    step(model, optimizer)
+  saved = _kernel_moments(optimizer)
+  with ck.CheckpointManager(tmp_path) as mngr:
+    mngr.save(2, ck.nnx_checkpoint_state(model, optimizer))
+  new_model, new_optimizer = make(restored_mesh)
+  target = _kernel_moments(new_optimizer)
+  assert [_is_q(m) for m in saved] == [saved_mesh == (8, 1)] * 2
+  assert [_is_q(m) for m in target] == [not _is_q(m) for m in saved]
+  with ck.CheckpointManager(tmp_path) as mngr:
+    restored = mngr.restore(ck.nnx_checkpoint_state(new_model, new_optimizer))
+  assert sorted(restored.retiled) == ["optimizer.opt_state.0.mu.dense.kernel",
+                                      "optimizer.opt_state.0.nu.dense.kernel"]
+  ck.nnx_load_state(new_model, new_optimizer, restored.state)
+  got = _kernel_moments(new_optimizer)
+  arrays = lambda m: (m.codes, m.scales) if _is_q(m) else (m,)
+  for moment, like in zip(got, target):
+    for array, like_array in zip(arrays(moment), arrays(like), strict=True):
+      assert array.dtype == like_array.dtype
+      assert array.sharding.is_equivalent_to(like_array.sharding, array.ndim)
+  if _is_q(saved[0]):
+    for moment, codes in zip(got, saved):
+      np.testing.assert_array_equal(np.asarray(moment), np.asarray(codes.decode(moment.dtype)))
+  else:
+    (mu, nu), (want_mu, want_nu) = ([np.asarray(q.decode()) for q in got], [np.asarray(m) for m in saved])
+    np.testing.assert_allclose(mu, want_mu, atol=np.max(np.abs(want_mu)) * _STEP[8]["signed"])
+    np.testing.assert_allclose(nu, want_nu, rtol=_STEP[8]["rtol"], atol=np.max(want_nu) * _STEP[8]["floor"])
+  assert np.isfinite(float(step(new_model, new_optimizer)))
