@@ -25,7 +25,7 @@ from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 from checkpoints.errors import StructureMismatchError
 
 __all__ = [
-    "check_same", "describe", "differences", "empty_value", "is_empty", "leaf_name", "named_leaves",
+    "check_same", "describe", "differences", "empty_value", "is_empty", "leaf_name", "name_under", "named_leaves",
     "read_args", "rebuild", "to_saveable",
 ]
 
@@ -48,9 +48,19 @@ def leaf_name(path) -> str:
   return ".".join(_entry(k) for k in path) or "<root>"
 
 
-def named_leaves(tree: Any) -> list[tuple[str, Any]]:
-  """``[(leaf name, leaf)]`` in the tree's flatten order; names are unique."""
-  pairs = [(leaf_name(p), x) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]]
+def name_under(prefix: str, path) -> str:
+  """The whole state's name of the node at ``path`` of a subtree saved under
+  ``prefix`` (``prefix`` itself for the subtree's root; ``leaf_name(path)``
+  without a prefix)."""
+  if not prefix:
+    return leaf_name(path)
+  return f"{prefix}.{leaf_name(path)}" if path else prefix
+
+
+def named_leaves(tree: Any, prefix: str = "") -> list[tuple[str, Any]]:
+  """``[(leaf name, leaf)]`` in the tree's flatten order (names after
+  ``prefix``: ``name_under``); names are unique."""
+  pairs = [(name_under(prefix, p), x) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]]
   seen = set()
   for name, _ in pairs:
     if name in seen:

@@ -354,8 +354,8 @@ class CheckpointManager:
     step = self._step(step)
     saved, metadata = self._record(step)
     read_target, retiled = retile.saved_tiles(target, saved.leaves, prefix)
-    pairs = [(f"{prefix}.{n}", x) for n, x in layout.named_leaves(read_target)]
-    under = {n: s for n, s in saved.leaves.items() if n.startswith(prefix + ".")}
+    pairs = layout.named_leaves(read_target, prefix)
+    under = {n: s for n, s in saved.leaves.items() if n == prefix or n.startswith(prefix + ".")}
     layout.check_same(under, layout.describe(pairs, retile.code_notes(read_target, prefix)),
                       f"Restoring {prefix!r} of step {step} from {self.directory}",
                       more=_class_differences(saved, target, prefix, opt_state_key))

@@ -100,12 +100,8 @@ def code_notes(tree: Any, prefix: str = "") -> dict[str, dict]:
   (e.g. ``"8-bit companded signed"``), the names as ``layout.named_leaves``
   gives them (after ``prefix``, where given)."""
   nodes = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_quantized)[0]
-  return {f"{_name(path, prefix)}.codes": {"quantized": _meaning(node.bits, node.signed, node.code)}
+  return {f"{layout.name_under(prefix, path)}.codes": {"quantized": _meaning(node.bits, node.signed, node.code)}
           for path, node in nodes if _is_quantized(node)}
-
-
-def _name(path, prefix: str) -> str:
-  return f"{prefix}.{layout.leaf_name(path)}" if prefix else layout.leaf_name(path)
 
 
 def _meaning(bits: int, signed: bool, code: str) -> str:
@@ -131,7 +127,7 @@ def saved_tiles(target: Any, saved: dict[str, dict], prefix: str = "") -> tuple[
   nodes, treedef = jax.tree_util.tree_flatten_with_path(target, is_leaf=_is_node)
   changed, out = [], []
   for path, node in nodes:
-    name = _name(path, prefix)
+    name = layout.name_under(prefix, path)
     read = _saved_form(name, node, saved)
     if read is not None:
       changed.append(name)

@@ -34,7 +34,7 @@ def of(tree: Any, prefix: str = "") -> dict[str, dict[str, str]]:
 
   def visit(node, path):
     if _is_named_tuple(node):
-      out[_node_name(path, prefix)] = {
+      out[layout.name_under(prefix, path)] = {
           "module": type(node).__module__, "qualname": type(node).__qualname__}
     inner = lambda x: x is not node and _is_named_tuple(x)
     for sub, child in jax.tree_util.tree_flatten_with_path(node, is_leaf=inner)[0]:
@@ -43,14 +43,6 @@ def of(tree: Any, prefix: str = "") -> dict[str, dict[str, str]]:
 
   visit(tree, ())
   return out
-
-
-def _node_name(path, prefix: str) -> str:
-  """The node's name as the whole state's record has it: ``prefix`` itself
-  for the root of a subtree restored under it."""
-  if not prefix:
-    return layout.leaf_name(path)
-  return f"{prefix}.{layout.leaf_name(path)}" if path else prefix
 
 
 def differences(saved: dict[str, dict] | None, target: dict[str, dict],

@@ -120,8 +120,12 @@ def test_params_only_restore(saved):
                         state.params, _param_shardings(mesh))
   with ck.CheckpointManager(directory) as mngr:
     got = mngr.restore_params(target, prefix="train.params")
+    # One leaf as the whole target: it was looked for at 'train.params.w.<root>'.
+    alone = mngr.restore_subtree(target["w"], "train.params.w")
   _assert_bit_equal(got.state, state.params)
   assert got.state["w"].sharding.mesh.devices.shape == (8, 1)
+  _assert_bit_equal(alone.state, state.params["w"])
+  assert alone.state.sharding == target["w"].sharding
 
 
 def test_changed_optimizer_is_refused_then_reinitialised_on_request(saved, tmp_path):

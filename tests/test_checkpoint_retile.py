@@ -161,7 +161,11 @@ def test_restore_subtree_restores_quantized_state_onto_another_mesh_as_restore_d
     alone = mngr.restore_subtree(target, "opt_state")
     whole = mngr.restore({"params": other_params, "opt_state": target})
     same = mngr.restore_subtree(opt.init.eval_shape(params), "opt_state")
+    moment = mngr.restore_subtree(_moment(target, "mu"), "opt_state.0.mu.w")  # one leaf alone
   assert sorted(alone.retiled) == sorted(whole.retiled) == [f"opt_state.0.{m}.w" for m in _MOMENTS]
+  assert moment.retiled == ("opt_state.0.mu.w",)
+  for got, want in zip(jax.tree.leaves(moment.state), jax.tree.leaves(_moment(alone.state, "mu"))):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   assert jax.tree.structure(alone.state) == jax.tree.structure(target)
   for got, want, like in zip(jax.tree.leaves(alone.state), jax.tree.leaves(whole.state["opt_state"]),
                              jax.tree.leaves(target)):
