@@ -247,13 +247,17 @@ def _locks(args: argparse.Namespace) -> list[tuple[str, str, str | None]]:
   """(how messages name it, folder, the remedy they give or None) of each folder to lock:
   --out, and --checkpoint-dir when it lies elsewhere (local paths only: a bucket has no lock
   file)."""
-  out, checkpoint_dir = os.path.abspath(args.out), os.path.abspath(args.checkpoint_dir)
   named, fix = _out_named(args)
   triples = [(named, args.out, fix)]
-  inside = checkpoint_dir == out or checkpoint_dir.startswith(out + os.sep)
-  if "://" not in args.checkpoint_dir and not inside:
+  if "://" not in args.checkpoint_dir and not _inside(args.checkpoint_dir, args.out):
     triples.append(("--checkpoint-dir", args.checkpoint_dir, None))
   return triples
+
+
+def _inside(checkpoint_dir: str, out: str) -> bool:
+  """Whether ``checkpoint_dir`` is ``out`` or lies under it (``out``'s lock covers it)."""
+  checkpoint_dir, out = os.path.abspath(checkpoint_dir), os.path.abspath(out)
+  return checkpoint_dir == out or checkpoint_dir.startswith(out + os.sep)
 
 
 def refuse_if_in_use(args: argparse.Namespace, own=()) -> None:
@@ -265,6 +269,8 @@ def refuse_if_in_use(args: argparse.Namespace, own=()) -> None:
   else:
     named, fix = _out_named(args)
     run_lock.refuse_if_held(named, args.out, own, fix)
+    if args.checkpoint_dir and _inside(args.checkpoint_dir, args.out):
+      return  # --out's check covered it (a lock taken between the two was named --checkpoint-dir)
   run_lock.refuse_if_held("--checkpoint-dir", args.checkpoint_dir, own)
 
 
