@@ -142,3 +142,28 @@ def test_low_precision_params_get_updates_in_their_dtype_as_in_optax(dtype, with
   # the params' dtype, and the two directions drift apart step by step, well
   # beyond the last bits.
   oracle.assert_trees_close(ours[0], theirs[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("scale_init_precond", [True, False])
+@pytest.mark.parametrize("leaves", [
+    {"w": jnp.float32, "i": jnp.int32},  # an integer leaf: float updates
+    {"w": jnp.float32, "b": jnp.bfloat16},  # mixed widths: the scale's float32
+])
+def test_updates_promote_as_optax_promotes_them(leaves, scale_init_precond):
+  values = {"w": [1.0, -2.0, 0.5], "i": [1, 3, -2], "b": [0.3, 0.2, -0.4]}
+  params = {k: jnp.array(values[k], dtype) for k, dtype in leaves.items()}
+
+  def directions(lib):
+    tx = lib.scale_by_lbfgs(scale_init_precond=scale_init_precond)
+    state, p, out = tx.init(params), params, []
+    for step in range(3):
+      grads = jax.tree.map(lambda x: (x * (step + 2) - 1).astype(x.dtype), p)
+      u, state = tx.update(grads, state, p)
+      p = jax.tree.map(lambda x, d: (x - d).astype(x.dtype), p, u)
+      out.append(u)
+    return out
+
+  ours, theirs = directions(shardopt), directions(optax)
+  for g, w in zip(ours, theirs):
+    assert jax.tree.map(lambda x: x.dtype, g) == jax.tree.map(lambda x: x.dtype, w)
+    oracle.assert_trees_close(g, w, rtol=1e-5, atol=1e-6)

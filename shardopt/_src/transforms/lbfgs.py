@@ -63,9 +63,7 @@ def _two_loop(updates, diff_params, diff_updates, weights, identity_scale,
     return _axpy(-alpha, du, vec), alpha
 
   vec, alphas = jax.lax.scan(backward, updates, order, reverse=True)
-  # In the updates' dtype, as optax keeps it (a float32 scale would promote
-  # float16 / bfloat16 updates).
-  vec = jax.tree.map(lambda x: (identity_scale * x).astype(x.dtype), vec)
+  vec = jax.tree.map(lambda x: identity_scale * x, vec)
 
   def forward(vec, i_alpha):
     i, alpha = i_alpha
@@ -145,7 +143,11 @@ def scale_by_lbfgs(
       ratio = jnp.where(sq_du > 0.0, curvature / sq_du, 1.0)
       first = jnp.minimum(
           1.0, 1.0 / tree_math.global_norm(jax.lax.stop_gradient(updates)))
-      identity_scale = jnp.where(started, ratio, first)
+      # Computed in float32 (or wider), applied in the float type the
+      # updates promote to with a float, as optax's: bfloat16 or float16
+      # updates stay so, integer leaves become float.
+      identity_scale = jnp.where(started, ratio, first).astype(
+          jnp.result_type(*jax.tree.leaves(updates), 1.0))
     else:
       identity_scale = 1.0
     direction = _two_loop(updates, diff_params, diff_updates, weights,
