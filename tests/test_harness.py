@@ -192,6 +192,36 @@ def test_matches_optax(entry, jit):
       raise AssertionError(f"step {step}: {err}") from None
 
 
+def _state_classes(state) -> list[tuple[str, str, tuple[str, ...]]]:
+  """``(path, class name, fields)`` of each NamedTuple node of ``state``."""
+  nodes = []
+
+  def visit(node, path):
+    if isinstance(node, tuple) and hasattr(type(node), "_fields"):
+      nodes.append((path, type(node).__name__, node._fields))
+    children = jax.tree_util.tree_flatten_with_path(
+        node, is_leaf=lambda x: x is not node)[0]
+    for key, child in children:
+      if child is not node:
+        visit(child, path + jax.tree_util.keystr(key))
+
+  visit(state, "")
+  return nodes
+
+
+@pytest.mark.parametrize(
+    "entry", _cases("optax_classes", [e for e in catalogue.ENTRIES if e.oracle]))
+def test_state_classes_are_optax_s(entry):
+  """Users reach into the state by class and field (``state[0].mu``,
+  ``isinstance``, ``tree_utils.tree_get``): every NamedTuple node has
+  optax's class name and fields at optax's path."""
+  params = oracle.mixed_tree()
+  ours = _state_classes(jax.eval_shape(_build(entry).init, params))
+  theirs = _state_classes(
+      jax.eval_shape(catalogue.build(entry, optax).init, params))
+  assert ours == theirs
+
+
 # --- (b), (c) on the (2, 4) mesh --------------------------------------------
 
 _LAYOUT = {  # param name -> (shape, spec); every dim divides the mesh

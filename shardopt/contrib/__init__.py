@@ -7,7 +7,7 @@ top level, where they have always been).
 from shardopt._src.trax.adafactor import trax_adafactor, TraxAdafactorState
 from shardopt._src.trax.optimizers import trax_adam, trax_momentum, trax_rmsprop
 from shardopt._src.trax.sm3 import MomentumType, trax_sm3, TraxSM3State
-from shardopt.contrib._acprop import ScaleByACPropState, acprop, scale_by_acprop
+from shardopt.contrib._acprop import acprop, scale_by_acprop
 from shardopt.contrib._ademamix import (
     ademamix, scale_by_ademamix, scale_by_simplified_ademamix, ScaleByAdemamixState,
     ScaleBySimplifiedAdEMAMixState, simplified_ademamix,
@@ -49,7 +49,7 @@ __all__ = [
     "mechanize", "MechanicState", "momo", "momo_adam", "MomoAdamState", "MomoState",
     "prodigy", "ProdigyState", "scale_by_acprop", "scale_by_ademamix", "scale_by_adopt",
     "scale_by_cocob", "scale_by_madgrad", "scale_by_simplified_ademamix",
-    "ScaleByACPropState", "ScaleByAdemamixState", "ScaleBySimplifiedAdEMAMixState",
+    "ScaleByAdemamixState", "ScaleBySimplifiedAdEMAMixState",
     "simplified_ademamix",
     "MomentumType", "TraxAdafactorState", "TraxSM3State", "trax_adafactor", "trax_adam",
     "trax_momentum", "trax_rmsprop", "trax_sm3",

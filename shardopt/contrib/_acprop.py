@@ -1,7 +1,5 @@
 """ACProp: AdaBelief's centred second moment, applied asynchronously."""
 
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
 
@@ -9,26 +7,31 @@ from shardopt._src import base
 from shardopt._src import moments
 from shardopt._src import numerics
 from shardopt._src import tree_math
+from shardopt._src.transforms import adam_variants
 from shardopt._src.aliases.gradient_descent import descend
 
-__all__ = ["ScaleByACPropState", "acprop", "scale_by_acprop"]
+__all__ = ["acprop", "scale_by_acprop"]
 
 
-# nu is not declared a moment (quantized_state keeps it in float): a centred
-# second moment approaches 0 where a gradient matches its average, and the
-# next step's gradient is divided by its root. On the LM-shaped test params
-# some elements fell below the 8-bit code's smallest entry (2**-31 of their
-# block's largest), where the float update reached 3.4e4 against a median of
-# 2.4: the updates moved 12.9% off float state's at 8 and 4 bits with nu
-# quantized, 1.5% / 2.4% with nu in float (tests/test_quantized_state.py).
+# optax keeps ACProp's state in AdaBelief's class, and so does this module:
+# its state is a subclass of that class with the same name and fields, so
+# ``isinstance``, the class name a checkpoint records and what
+# ``tree_utils.tree_get`` matches are AdaBelief's, as in optax. The subclass
+# declares only ``mu`` a moment: ``quantized_state`` keeps ``nu`` in float.
+# A centred second moment approaches 0 where a gradient matches its average,
+# and the next step's gradient is divided by its root. On the LM-shaped test
+# params some elements fell below the 8-bit code's smallest entry (2**-31 of
+# their block's largest), where the float update reached 3.4e4 against a
+# median of 2.4: the updates moved 12.9% off float state's at 8 and 4 bits
+# with nu quantized, 1.5% / 2.4% with nu in float
+# (tests/test_quantized_state.py).
 @moments.declare_moments(mu=moments.SIGNED)
-class ScaleByACPropState(NamedTuple):
-  """Step count, first moment ``mu`` and the centred second moment ``nu``
-  (kept in float under ``quantized_state``)."""
+class ScaleByBeliefState(adam_variants.ScaleByBeliefState):
+  """AdaBelief's state as ACProp keeps it: step count, first moment ``mu``
+  and the centred second moment ``nu`` (kept in float under
+  ``quantized_state``)."""
 
-  count: jax.Array  # int32 scalar
-  mu: base.Updates
-  nu: base.Updates
+  __slots__ = ()
 
 
 def scale_by_acprop(
@@ -51,7 +54,7 @@ def scale_by_acprop(
       differentiate through the update).
 
   Returns:
-    A ``GradientTransformation`` whose state is a ``ScaleByACPropState``
+    A ``GradientTransformation`` whose state is a ``ScaleByBeliefState``
     (``nu`` holds ``s``), every moment shaped and sharded like its param.
 
   References:
@@ -60,7 +63,7 @@ def scale_by_acprop(
   """
 
   def init_fn(params):
-    return ScaleByACPropState(count=jnp.zeros([], jnp.int32),
+    return ScaleByBeliefState(count=jnp.zeros([], jnp.int32),
                               mu=tree_math.tree_zeros_like(params),
                               nu=tree_math.tree_zeros_like(params))
 
@@ -77,7 +80,7 @@ def scale_by_acprop(
     previous_nu = jax.tree.map(lambda v: jnp.where(first, 1, v), previous_nu)
     updates = jax.tree.map(lambda g, v: g / (jnp.sqrt(v) + eps), updates,
                            previous_nu)
-    return updates, ScaleByACPropState(count=count, mu=mu, nu=nu)
+    return updates, ScaleByBeliefState(count=count, mu=mu, nu=nu)
 
   return base.GradientTransformation(init_fn, update_fn)
 
