@@ -22,10 +22,10 @@ from launch import defaults
 HYPERPARAMETER_FLAGS = ("b1", "b2", "eps", "weight_decay", "momentum")  # optimizer keywords
 
 __all__ = ["EXIT_CODES", "EXIT_DONE", "EXIT_ERROR", "EXIT_NONFINITE", "EXIT_STORAGE",
-           "EXIT_USAGE", "HYPERPARAMETER_FLAGS", "NonFiniteError", "StorageError", "URL_PACKAGES",
-           "UsageError",
-           "blocking_part", "check_args", "explicit_flags", "finish", "keyword_values",
-           "parse_args", "set_cpu_devices", "several_processes", "step_range"]
+           "EXIT_USAGE", "HYPERPARAMETER_FLAGS", "NonFiniteError", "StorageError",
+           "UsageError", "blocking_part", "check_args", "explicit_flags", "finish",
+           "keyword_values", "parse_args", "set_cpu_devices", "several_processes", "step_range",
+           "url_packages"]
 
 EXIT_DONE, EXIT_ERROR, EXIT_USAGE, EXIT_NONFINITE, EXIT_STORAGE = 0, 1, 2, 3, 4
 EXIT_CODES = {  # the job's exit codes and what each means (--help lists them)
@@ -374,9 +374,14 @@ def blocking_part(path: str) -> tuple[str, str] | None:
   return None
 
 
-# URL schemes the job reads and writes through etils.epath, and the packages it does that with
-# (one is enough: gcsfs by fsspec, or tensorflow's gfile), the first the one to install.
-URL_PACKAGES = {"gs": ("gcsfs", "tensorflow")}
+def url_packages(scheme: str) -> tuple[str, ...]:
+  """The packages through which etils.epath (which writes the checkpoints) reads
+  ``scheme``:// paths, any one of them enough: the one fsspec's registry names for the
+  scheme (gcsfs for gs://, s3fs for s3://), the one to install, then tensorflow (whose gfile
+  epath prefers where it is installed)."""
+  from fsspec.registry import known_implementations  # pylint: disable=import-outside-toplevel
+  implementation = known_implementations.get(scheme, {}).get("class")
+  return ((implementation.split(".")[0],) if implementation else ()) + ("tensorflow",)
 
 
 def _readable_scheme(scheme: str) -> bool:
@@ -393,16 +398,16 @@ def _readable_scheme(scheme: str) -> bool:
 
 def _check_url(flag: str, path: str) -> None:
   """A URL whose scheme etils.epath does not read is refused (naming the lower-case scheme
-  when that one is read); one whose scheme needs a package (``URL_PACKAGES``) that is not
-  installed is refused, naming the package and the command that installs it."""
+  when that one is read); one read through packages none of which is installed
+  (``url_packages``) is refused, naming the package and the command that installs it."""
   scheme, _, rest = path.partition("://")
   if not _readable_scheme(scheme):
     hint = (f"; write the scheme in lower case: {scheme.lower()}://{rest}"
             if scheme != scheme.lower() and _readable_scheme(scheme.lower()) else "")
     raise UsageError(f"{flag} {path}: etils.epath (which writes the checkpoints) reads no"
                      f" {scheme}:// paths{hint}")
-  packages = URL_PACKAGES.get(scheme, ())
-  if packages and not any(importlib.util.find_spec(name) for name in packages):
+  packages = url_packages(scheme)
+  if not any(importlib.util.find_spec(name) for name in packages):
     raise UsageError(f"{flag} {path}: {path.partition('://')[0]}:// paths need the package"
                      f" {packages[0]}, which is not installed: pip install {packages[0]}")
 

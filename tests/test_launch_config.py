@@ -98,20 +98,26 @@ def test_print_config_refuses_what_a_run_refuses(tmp_path, capsys, argv):
   assert not out.exists()
 
 
-def test_a_bucket_checkpoint_dir_without_gcsfs_is_a_usage_error(tmp_path, monkeypatch, capsys):
-  """etils.epath reads gs:// through gcsfs (or tensorflow): with neither installed the run
-  failed with 'error: ImportError: Please install gcsfs to access Google Storage', exit 1. Now
-  the flag is refused, naming the package and how to install it; nothing is created."""
-  for missing in ("gcsfs", "tensorflow"):
+@pytest.mark.parametrize("scheme, package", [
+    ("gs", "gcsfs"), ("s3", "s3fs"), ("az", "adlfs"), ("hf", "huggingface_hub")])
+def test_a_bucket_checkpoint_dir_without_its_package_is_a_usage_error(
+    tmp_path, monkeypatch, capsys, scheme, package):
+  """etils.epath reads a bucket through the package fsspec names for its scheme (or
+  tensorflow): with neither installed the run failed with 'error: ImportError: Please install
+  gcsfs to access Google Storage' (s3://: 'Install s3fs to access S3'), exit 1, not naming the
+  flag. Now the flag is refused, naming the package and how to install it; nothing is
+  created."""
+  for missing in (package, "tensorflow"):
     monkeypatch.setitem(sys.modules, missing, None)  # not importable, whatever is installed
   monkeypatch.chdir(tmp_path)
-  argv = [*h.TINY, "--cpu-devices", "0", "--steps", "2", "--checkpoint-dir", "gs://bucket/ck"]
+  argv = [*h.TINY, "--cpu-devices", "0", "--steps", "2", "--checkpoint-dir",
+          f"{scheme}://bucket/ck"]
   for extra in ([], ["--print-config"]):
     assert train.main([*argv, *extra]) == cli.EXIT_USAGE
     printed = capsys.readouterr()
     assert printed.out == "" and printed.err == (
-        "error: --checkpoint-dir gs://bucket/ck: gs:// paths need the package gcsfs, which is"
-        " not installed: pip install gcsfs\n")
+        f"error: --checkpoint-dir {scheme}://bucket/ck: {scheme}:// paths need the package"
+        f" {package}, which is not installed: pip install {package}\n")
   assert list(tmp_path.iterdir()) == []
 
 
