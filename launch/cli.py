@@ -262,6 +262,8 @@ _AT_MOST = {  # flag: (value, why)
     "lr": (3.4028234663852886e38, "the largest float32: the schedule computes in float32"),
 }
 
+_SMALLEST_NORMAL_FLOAT32 = 1.1754943508222875e-38
+
 
 def _flag(name: str) -> str:
   return "--" + name.replace("_", "-")
@@ -312,6 +314,10 @@ def _check_numbers(args: argparse.Namespace) -> None:
     value = getattr(args, name)
     if value is not None and not (math.isfinite(value) and value > 0):
       raise UsageError(f"{_flag(name)} {value}: must be a finite number > 0")
+  if args.lr is not None and args.lr < _SMALLEST_NORMAL_FLOAT32:
+    raise UsageError(f"--lr {args.lr}: must be at least {_SMALLEST_NORMAL_FLOAT32} (the"
+                     " smallest normal float32: the schedule computes in float32, where a"
+                     " smaller rate trains with 0 or a denormal)")
   for name in ("clip_norm", "final_lr_ratio"):
     value = getattr(args, name)
     if not (math.isfinite(value) and value >= 0):

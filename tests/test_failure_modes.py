@@ -109,6 +109,7 @@ ARGUMENT_CASES = [  # (id, arguments, what the message must name)
     ("lr_zero", ["--lr", "0"], ["--lr 0"]),
     ("lr_inf", ["--lr", "inf"], ["--lr inf", "must be a finite number > 0"]),
     ("lr_beyond_float32", ["--lr", "1e300"], ["--lr 1e+300", "the largest float32"]),
+    ("lr_below_float32", ["--lr", "1e-50"], ["--lr 1e-50", "the smallest normal float32"]),
     ("lr_not_a_number", ["--lr", "fast"], ["--lr", "fast"]),
     ("steps_zero", ["--steps", "0"], ["--steps 0"]),
     ("batch_zero", ["--batch", "0"], ["--batch 0"]),
