@@ -62,11 +62,13 @@ def _succeeds(attempt, args: argparse.Namespace) -> bool:
 
 
 def _shown_if_it_works(attempt, args: argparse.Namespace):
-  """``attempt(args)``, its warnings shown only when it works: a failure is one error line."""
+  """``attempt(args)``, its warnings shown only when it works, with the job's other notes on
+  stdout (``warning: Category: message``): stderr holds a usage error's one line alone, also
+  one found later (a resume's flags)."""
   with warnings.catch_warnings(record=True) as caught:
     result = attempt(args)
   for w in caught:
-    warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    print(f"warning: {w.category.__name__}: {w.message}", flush=True)
   return result
 
 

@@ -433,3 +433,23 @@ def test_a_resumes_printed_config_reads_back_with_and_without_resume(tmp_path, c
   new = ["--out", str(tmp_path / "new")]
   assert run_config.flags_of(flags.resolve(["--config", path, *new])) == run_config.flags_of(
       flags.resolve([*new, "--steps", "6", "--optimizer", "muon"]))
+
+
+def test_a_warning_while_planning_leaves_stderr_to_a_later_usage_error(tmp_path, capsys):
+  """Shampoo's Gram statistics of a model-sharded dimension replicate, which the state plan
+  warns of (one ReplicatedStateWarning, a line per leaf). The warning was re-shown on stderr
+  with its source line, so a usage error found later (a resume's changed flag) printed 30
+  lines on stderr. The warning is now a note on stdout, and the usage error stderr's one
+  line."""
+  out = tmp_path / "run"
+  argv = [*h.TINY, "--cpu-devices", "0", "--out", str(out), "--optimizer", "shampoo",
+          "--eval-every", "0", "--checkpoint-every", "1"]
+  assert train.main([*argv, "--steps", "1"]) == 0
+  printed = capsys.readouterr()
+  assert printed.err == ""
+  assert "warning: ReplicatedStateWarning: these optimizer-state leaves are less sharded" \
+      in printed.out
+  assert train.main([*argv, "--steps", "2", "--resume", "--seed", "1"]) == cli.EXIT_USAGE
+  printed = capsys.readouterr()
+  assert printed.err.startswith("error: --resume: the flags differ") and \
+      printed.err.count("\n") == 1, printed.err
