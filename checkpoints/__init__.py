@@ -5,21 +5,42 @@ with user metadata, each process writing its own shards, and restores it into
 the caller's own types on the shardings the caller gives. Every array's
 checksum is written at save time and checked on restore: damaged steps raise
 ``CorruptCheckpointError`` and ``restore_latest_valid`` passes over them.
+
+Its names are imported when first used (PEP 562), so a module of the package that
+imports neither jax nor orbax (``checkpoints.digest``) can be used before jax starts.
 """
 
-from checkpoints.errors import BarrierTimeoutError  # noqa: F401
-from checkpoints.errors import CheckpointDirectoryError  # noqa: F401
-from checkpoints.errors import CheckpointError  # noqa: F401
-from checkpoints.errors import CheckpointWriteError  # noqa: F401
-from checkpoints.errors import CorruptCheckpointError  # noqa: F401
-from checkpoints.errors import NoCheckpointError  # noqa: F401
-from checkpoints.errors import StructureMismatchError  # noqa: F401
-from checkpoints.flax_state import create_nnx_optimizer  # noqa: F401
-from checkpoints.flax_state import create_train_state  # noqa: F401
-from checkpoints.flax_state import nnx_checkpoint_state  # noqa: F401
-from checkpoints.flax_state import nnx_load_state  # noqa: F401
-from checkpoints.flax_state import nnx_tx  # noqa: F401
-from checkpoints.manager import CheckpointManager  # noqa: F401
-from checkpoints.manager import Restored  # noqa: F401
-from checkpoints.manager import SkippedStep  # noqa: F401
-from checkpoints.policy import CheckpointPolicy  # noqa: F401
+import importlib
+
+_EXPORTS = {
+    "BarrierTimeoutError": "checkpoints.errors",
+    "CheckpointDirectoryError": "checkpoints.errors",
+    "CheckpointError": "checkpoints.errors",
+    "CheckpointWriteError": "checkpoints.errors",
+    "CorruptCheckpointError": "checkpoints.errors",
+    "NoCheckpointError": "checkpoints.errors",
+    "StructureMismatchError": "checkpoints.errors",
+    "create_nnx_optimizer": "checkpoints.flax_state",
+    "create_train_state": "checkpoints.flax_state",
+    "nnx_checkpoint_state": "checkpoints.flax_state",
+    "nnx_load_state": "checkpoints.flax_state",
+    "nnx_tx": "checkpoints.flax_state",
+    "CheckpointManager": "checkpoints.manager",
+    "Restored": "checkpoints.manager",
+    "SkippedStep": "checkpoints.manager",
+    "CheckpointPolicy": "checkpoints.policy",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+  if name not in _EXPORTS:
+    raise AttributeError(f"module 'checkpoints' has no attribute {name!r}")
+  value = getattr(importlib.import_module(_EXPORTS[name]), name)
+  globals()[name] = value
+  return value
+
+
+def __dir__() -> list[str]:
+  return sorted({*globals(), *_EXPORTS})

@@ -13,10 +13,9 @@ comparing them, format 2 (checksums of checkpoints.integrity_v2) is verified
 with its own checksum, format 1 (no checksums) restores unverified.
 """
 
-import hashlib
-import json
 from typing import Any
 
+from checkpoints import digest
 from checkpoints import integrity
 from checkpoints import integrity_v2
 from checkpoints import layout
@@ -25,9 +24,9 @@ from checkpoints import state_classes
 
 __all__ = ["FORMAT", "Record", "make", "parse"]
 
-FORMAT = "shardopt.checkpoint/3"
-_FORMAT_2 = "shardopt.checkpoint/2"
-_UNVERIFIED_FORMAT = "shardopt.checkpoint/1"
+FORMAT = digest.FORMAT
+_FORMAT_2 = digest.FORMAT_2
+_UNVERIFIED_FORMAT = digest.UNVERIFIED_FORMAT
 
 
 class Record:
@@ -46,16 +45,6 @@ class Record:
     return integrity.mismatches(self.checksums, self._recompute(values))
 
 
-def _digest(leaves: dict, checksums: dict, metadata: Any, seed: int | None = None,
-            classes: dict | None = None) -> str:
-  fields = {"leaves": leaves, "checksums": checksums, "metadata": metadata}
-  if seed is not None:
-    fields["seed"] = seed
-  if classes is not None:
-    fields["state_classes"] = classes
-  return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
-
-
 def make(state: Any, saveable: dict[str, Any], metadata: Any) -> dict:
   """The record of ``state`` as written (``saveable = layout.to_saveable(state)``).
 
@@ -67,14 +56,7 @@ def make(state: Any, saveable: dict[str, Any], metadata: Any) -> dict:
   sums = integrity.checksums(saveable, seed)
   return {"format": FORMAT, "algorithm": integrity.ALGORITHM, "seed": seed, "leaves": leaves,
           "checksums": sums, "state_classes": classes,
-          "digest": _digest(leaves, sums, metadata, seed, classes)}
-
-
-def _check_digest(saved: dict, metadata: Any, seed: int | None) -> None:
-  digest = _digest(saved.get("leaves"), saved.get("checksums"), metadata, seed,
-                   saved.get("state_classes"))
-  if digest != saved.get("digest"):
-    raise ValueError("its layout or metadata file changed after it was written (digest mismatch)")
+          "digest": digest.digest(leaves, sums, metadata, seed, classes)}
 
 
 def parse(saved: Any, metadata: Any) -> Record:
@@ -85,12 +67,12 @@ def parse(saved: Any, metadata: Any) -> Record:
   if form == _UNVERIFIED_FORMAT:
     return Record(saved["leaves"], None)
   if form == _FORMAT_2 and algorithm == integrity_v2.ALGORITHM:
-    _check_digest(saved, metadata, None)
+    digest.check(saved, metadata)
     return Record(saved["leaves"], saved["checksums"], integrity_v2.checksums)
   if form != FORMAT or algorithm != integrity.ALGORITHM or not isinstance(saved.get("seed"), int):
     raise ValueError(f"its layout item has format {form!r} / {algorithm!r}, "
                      f"not {FORMAT!r} / {integrity.ALGORITHM!r} with a seed")
-  _check_digest(saved, metadata, saved["seed"])
+  digest.check(saved, metadata)
   seed = saved["seed"]
   return Record(saved["leaves"], saved["checksums"], lambda values: integrity.checksums(values, seed),
                 saved.get("state_classes"))

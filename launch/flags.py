@@ -1,5 +1,6 @@
 """The job's flags as resolved: the parser's defaults, then (with --resume)
-the flags saved with the run's newest checkpoint, then a --config file, then
+the flags saved with the run's newest checkpoint whose metadata is intact (the
+step the restore starts from: ``run_config.saved_config``), then a --config file, then
 the command line. No jax imported (the resolved --cpu-devices must be set
 first).
 

@@ -1,7 +1,8 @@
 """Continuing a run from its checkpoints: compare the flags, restore, report.
 
 The configuration saved with the newest checkpoint is compared with the
-current flags before anything is read (``run_config``); the newest intact step
+current flags before any array is read (``run_config``), and the changes that
+may be made are printed as they differ from the step restored; the newest intact step
 is restored (``CheckpointManager.restore_latest_valid``). Each newer, damaged
 step it passed over is named in a one-line warning and renamed to
 ``<step>.damaged`` (kept for inspection, out of the way of the new save of
@@ -163,17 +164,16 @@ def restore(manager, target: dict, current_config: dict, steps_wanted: int, say=
   (``Restored.skipped``), reopen the manager before saving.
   """
   steps = manager.all_steps()
-  where = f"{manager.directory} (step {steps[-1]})"
-  try:
-    check_config(manager.metadata(steps[-1]), current_config, where, say)
+  try:  # refused before any array is read; what may change is said of the step restored
+    check_config(manager.metadata(steps[-1]), current_config,
+                 f"{manager.directory} (step {steps[-1]})", lambda line: None)
   except checkpoints.CorruptCheckpointError:
     pass  # Checked below, on the step that reads back.
   restored, failed = _restore_newest_valid(manager, target, say)
   if restored is None:
     _none_intact(manager, failed, auto)
-  if restored.skipped:
-    check_config(restored.metadata, current_config, f"{manager.directory} (step {restored.step})",
-                 lambda line: None)
+  check_config(restored.metadata, current_config, f"{manager.directory} (step {restored.step})",
+               say)
   if steps_wanted < restored.step:
     raise UsageError(f"--steps {steps_wanted}: below the checkpoint's step {restored.step};"
                      f" pass --steps {restored.step} or more")

@@ -23,8 +23,6 @@ import os
 import pathlib
 import tomllib
 
-from etils import epath
-
 from launch import cli
 from launch import run_folder
 
@@ -110,23 +108,13 @@ def describe_changes(refused: list[str], where: str) -> str:
 
 
 def saved_config(checkpoint_dir) -> tuple[dict, int] | None:
-  """(the flags saved with the newest step whose saved flags read back, that
-  step), or None when no step has any.
-
-  Read straight from the JSON item ``metadata`` that ``checkpoints``
-  writes with every step (``<step>/metadata/metadata``), before jax starts:
-  the restore verifies the same flags against the step's digest and compares
-  them again (``resume.check_config``).
-  """
-  for step in reversed(run_folder.finalized_steps(checkpoint_dir)):
-    try:
-      text = (epath.Path(checkpoint_dir) / str(step) / "metadata" / "metadata").read_text()
-      config = json.loads(text).get("config")
-    except (OSError, ValueError, AttributeError):
-      continue
-    if isinstance(config, dict):
-      return config, step
-  return None
+  """(the flags saved with the newest step whose metadata its record vouches for, that step),
+  or None when no step has any (``run_folder.saved_metadata``, before jax starts: a step whose
+  metadata was damaged is passed over, as the restore passes over it)."""
+  found = run_folder.saved_metadata(checkpoint_dir)
+  if found is None:
+    return None
+  return found[0]["config"], found[1]
 
 
 def inherited(saved: dict) -> dict:

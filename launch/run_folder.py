@@ -16,6 +16,7 @@ save is complete).
 
 import argparse
 import contextlib
+import json
 import os
 import pathlib
 import shutil
@@ -23,13 +24,14 @@ import time
 
 from etils import epath
 
+from checkpoints import digest
 from launch import run_lock
 from launch.cli import UsageError
 from launch.cli import blocking_part
 
 __all__ = ["LOGS", "RUNS", "Claim", "claim_new", "describe", "finalized_steps",
            "metrics_records", "new_name", "newest_resumable", "prepare", "refuse_if_in_use",
-           "set_aside_logs", "take", "unfinished_saves"]
+           "saved_metadata", "set_aside_logs", "take", "unfinished_saves"]
 
 RUNS = pathlib.Path("runs")
 LOGS = ("metrics.jsonl", "samples.jsonl")  # a run's own log files: set aside by a fresh start
@@ -91,6 +93,24 @@ def finalized_steps(checkpoint_dir) -> list[int]:
   if not path.is_dir():
     return []
   return sorted(int(p.name) for p in path.iterdir() if p.name.isdigit() and p.is_dir())
+
+
+def saved_metadata(checkpoint_dir) -> tuple[dict, int] | None:
+  """(the metadata saved with the newest finalized step whose record vouches for it and that
+  holds a ``config``, that step), or None: read from the step's JSON items
+  (``<step>/layout/metadata``, ``<step>/metadata/metadata``) and checked against the record's
+  digest (``checkpoints.digest``) without jax; a step that fails is passed over, as the
+  restore passes over it."""
+  for step in reversed(finalized_steps(checkpoint_dir)):
+    folder = epath.Path(checkpoint_dir) / str(step)
+    try:
+      metadata = json.loads((folder / "metadata" / "metadata").read_text())
+      digest.check(json.loads((folder / "layout" / "metadata").read_text()), metadata)
+    except (OSError, ValueError):
+      continue
+    if isinstance(metadata, dict) and isinstance(metadata.get("config"), dict):
+      return metadata, step
+  return None
 
 
 def unfinished_saves(checkpoint_dir) -> list[str]:

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from checkpoints import digest
 from launch import cli
 from launch import defaults
 from launch import flags
@@ -357,10 +358,18 @@ def test_a_changed_flag_is_refused_as_itself_before_the_flags_are_merged(tmp_pat
 def _save_config(run, args) -> None:
   """A checkpoint step 6 of ``run`` whose metadata holds the flags a resume takes from ``args``
   (nothing else: enough for ``launch.flags``)."""
-  config = run_config.inherited(run_config.flags_of(args))
-  step = run / "checkpoints" / "6" / "metadata"
-  step.mkdir(parents=True)
-  (step / "metadata").write_text(json.dumps({"config": config}))
+  _write_step(run / "checkpoints" / "6", run_config.inherited(run_config.flags_of(args)))
+
+
+def _write_step(folder, config) -> None:
+  """A step folder holding ``config`` as its metadata and a record whose digest vouches for it
+  (``checkpoints.digest``: a resume takes flags only from such a step), no arrays."""
+  metadata = {"config": config}
+  layout = {"format": digest.FORMAT, "seed": 0, "leaves": {}, "checksums": {},
+            "digest": digest.digest({}, {}, metadata, 0)}
+  for item, value in (("metadata", metadata), ("layout", layout)):
+    (folder / item).mkdir(parents=True)
+    (folder / item / "metadata").write_text(json.dumps(value))
 
 
 def test_a_saved_default_warmup_is_not_refused_on_resume(tmp_path):
@@ -381,9 +390,7 @@ def test_a_resumes_printed_config_pins_the_warmup_the_run_was_given(tmp_path, ca
   args = cli.parse_args(["--steps", "30", "--warmup-steps", "3"])
   config = run_config.config_of(args, 1, 8)
   assert "warmup_steps" in config["given"] and "lr" not in config["given"]
-  step = tmp_path / "run" / "checkpoints" / "6" / "metadata"
-  step.mkdir(parents=True)
-  (step / "metadata").write_text(json.dumps({"config": config}))
+  _write_step(tmp_path / "run" / "checkpoints" / "6", config)
   resume = ["--out", str(tmp_path / "run"), "--resume"]
   lines = _printed_config(capsys, *resume).splitlines()
   assert "warmup_steps = 3" in lines

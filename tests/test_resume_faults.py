@@ -1,0 +1,67 @@
+"""Resumes that must take their flags from, and leave their folders as, the step and run they
+name: damaged metadata of the newest step, --checkpoint-dir elsewhere than --out, errors found
+after the restore, signals before step 1, keyword order. Each case runs the job in a
+subprocess (tests/test_failure_modes.py's harness) on a copy of one small run."""
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import time
+
+import pytest
+
+from launch import run_config
+from tests import launch_helpers as h
+from tests.test_failure_modes import TIMEOUT, hashes, job, usage_error
+
+# 4 sgd steps, checkpoints 2 and 4, a horizon of 8 so a resume may go to 8 steps.
+RUN = [*h.TINY, "--optimizer", "sgd", "--lr", "0.5", "--schedule", "cosine", "--schedule-steps",
+       "8", "--checkpoint-every", "2", "--keep-checkpoints", "100", "--eval-every", "0"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> pathlib.Path:
+  out = tmp_path_factory.mktemp("trained") / "run"
+  h.run_in_process(out, *RUN[len(h.TINY):], "--steps", "4")
+  assert h.checkpoint_steps(out / "checkpoints") == [2, 4]
+  return out
+
+
+@pytest.fixture
+def run(trained, tmp_path) -> pathlib.Path:
+  return pathlib.Path(shutil.copytree(trained, tmp_path / "run"))
+
+
+def _edit_saved_config(run: pathlib.Path, step: int, **changes) -> None:
+  """Rewrites fields of the config saved with ``step`` (its digest left as it was: damage)."""
+  path = run / "checkpoints" / str(step) / "metadata" / "metadata"
+  metadata = json.loads(path.read_text())
+  metadata["config"].update(changes)
+  path.write_text(json.dumps(metadata))
+
+
+@pytest.mark.parametrize("field,value", [("seed", 1), ("mesh", "data=8,model=1"),
+                                         ("keep_checkpoints", 1)])
+def test_damaged_metadata_of_the_newest_step_gives_no_flags(run, field, value):
+  """The flags a resume takes come from the newest step whose metadata its record vouches for:
+  a changed seed, mesh or keep_checkpoints in step 4's metadata leaves step 2's."""
+  _edit_saved_config(run, 4, **{field: value})
+  config, step = run_config.saved_config(run / "checkpoints")
+  assert step == 2 and config[field] != value
+
+
+@pytest.mark.parametrize("resume", [["--resume"], ["--resume", "auto"]], ids=["required", "auto"])
+def test_a_resume_passes_over_a_newest_step_whose_metadata_is_damaged(run, tmp_path, resume):
+  """A flipped seed in step 4's metadata (was: exit 2, '--seed 0 -> 1', a flag never given):
+  step 4 is set aside with one warning and the run resumes from step 2 with step 2's flags."""
+  _edit_saved_config(run, 4, seed=1, keep_checkpoints=1)
+  result = job(tmp_path, "--out", str(run), *resume, "--steps", "6")
+  assert result.code == 0, result.err[-2000:]
+  assert "resumed from step 2" in result.out
+  assert "the damaged step is kept as 4.damaged" in result.out
+  assert "--seed" not in result.out + result.err
+  changed = [line for line in result.out.splitlines() if line.startswith("resume: changed")]
+  assert len(changed) == 1 and "--steps 4 -> 6" in changed[0], changed
+  assert h.checkpoint_steps(run / "checkpoints") == [2, 4, 6]  # keep_checkpoints 100, not 1
