@@ -26,7 +26,7 @@ import tomllib
 from launch import cli
 from launch import run_folder
 
-__all__ = ["INVOCATION", "MAY_CHANGE", "NOT_INHERITED", "compare", "config_of",
+__all__ = ["HOW_PROCESSES_JOIN", "INVOCATION", "MAY_CHANGE", "NOT_INHERITED", "compare", "config_of",
            "defines_run", "describe_changes", "flags_of", "inherited", "read_file",
            "saved_config", "title", "to_toml"]
 
@@ -35,6 +35,9 @@ INVOCATION = frozenset({"resume", "config", "print_config", "debug", "out_is_new
 NOT_INHERITED = frozenset({  # where this invocation runs: the paths, the processes and devices
     "out", "checkpoint_dir", "cpu_devices", "coordinator", "num_processes", "process_id",
     "auto_distributed", "init_timeout", "heartbeat_timeout"})
+
+HOW_PROCESSES_JOIN = frozenset({  # how this invocation's processes meet, not the run: not compared
+    "coordinator", "process_id", "init_timeout", "heartbeat_timeout"})
 
 MAY_CHANGE = frozenset({
     "steps", "mesh", "axis_types", "rules", "zero", "out", "checkpoint_dir", "checkpoint_every",
@@ -82,19 +85,29 @@ def _default(name: str):
 def compare(saved: dict, current: dict) -> tuple[list[str], list[str]]:
   """(changes not allowed, allowed changes), each as ``--flag old -> new``.
 
-  A flag missing from ``saved`` (added to the job later) counts as its default.
+  A flag missing from ``saved`` (added to the job later) counts as its default; how the
+  processes join (``HOW_PROCESSES_JOIN``: the launcher picks a new --coordinator port each
+  time) is not compared.
   """
   refused, allowed = [], []
-  for name in sorted(set(current) - {"given"}):
+  for name in sorted(set(current) - {"given"} - HOW_PROCESSES_JOIN):
     old = saved.get(name, _default(name))
     new = current[name]
-    if old == new:
+    if _same(name, old, new):
       continue
     label = name.replace("_", " ") if name in ("process_count", "device_count") else (
         "--" + name.replace("_", "-"))
     change = f"{label} {_show(old)} -> {_show(new)}"
     (refused if defines_run(name) else allowed).append(change)
   return refused, allowed
+
+
+def _same(name: str, old, new) -> bool:
+  """Whether a flag's saved and current values are the same: --opt's keywords as a mapping
+  (their order does not change the run; a keyword given twice is refused by the parser)."""
+  if name == "opt" and old and new:
+    return dict(map(tuple, old)) == dict(map(tuple, new))
+  return old == new
 
 
 def _show(value) -> str:

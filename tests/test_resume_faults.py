@@ -65,3 +65,22 @@ def test_a_resume_passes_over_a_newest_step_whose_metadata_is_damaged(run, tmp_p
   changed = [line for line in result.out.splitlines() if line.startswith("resume: changed")]
   assert len(changed) == 1 and "--steps 4 -> 6" in changed[0], changed
   assert h.checkpoint_steps(run / "checkpoints") == [2, 4, 6]  # keep_checkpoints 100, not 1
+
+
+def test_opt_keywords_in_another_order_are_no_change():
+  """The same --opt keywords in another order (was refused: '--opt [[..]] -> [[..]]')."""
+  saved = {"opt": [["decay_rate", 0.9], ["clipping_threshold", 2.0]]}
+  swapped = {"opt": [["clipping_threshold", 2.0], ["decay_rate", 0.9]]}
+  assert run_config.compare(saved, swapped) == ([], [])
+  refused, _ = run_config.compare(saved, {"opt": [["clipping_threshold", 3.0],
+                                                  ["decay_rate", 0.9]]})
+  assert len(refused) == 1 and refused[0].startswith("--opt ")
+
+
+def test_the_coordinator_address_is_not_a_change_of_the_run():
+  """The local launcher picks a new port each time: every resume listed 'resume: changed
+  --coordinator 127.0.0.1:P1 -> 127.0.0.1:P2'."""
+  saved = {"coordinator": "127.0.0.1:41001", "process_id": 0, "init_timeout": 60,
+           "heartbeat_timeout": 10, "num_processes": 2}
+  current = {**saved, "coordinator": "127.0.0.1:52002", "init_timeout": 30}
+  assert run_config.compare(saved, current) == ([], [])
