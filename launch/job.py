@@ -16,7 +16,9 @@ SIGTERM/SIGINT stop it cleanly: every process agrees on the step to stop at,
 the checkpoint in flight is finished, the current state is saved and the job
 exits 0 (before step 1 of a new run, what the run created is removed: the run
 folder, the folders above it and a --checkpoint-dir it made; a second signal
-ends it at once: launch/stop.py). The run folder is locked for the whole run
+ends it at once, removing them too before step 1: launch/stop.py). The log
+files of a resumed run are checked before the restore and trimmed only once a
+new step is trained. The run folder is locked for the whole run
 (launch/run_lock.py; a single-process run took it before importing jax:
 ``run_folder.take``); library log lines go to OUT/job.log; a write
 the storage refuses ends the job with one line naming the path and the newest
@@ -215,6 +217,8 @@ def _initial_state(args, model, abstract, opt, abstract_state, manager, resumed,
   configuration required)."""
   if resumed:
     is_main = jax.process_index() == 0
+    for name in run_folder.LOGS:  # a bad line refused before anything is set aside or read
+      resume.check_lines(pathlib.Path(args.out) / name)
     target = {"params": abstract, "opt_state": abstract_state}
     restored = resume.restore(manager, target, config, args.steps, _say, is_main=is_main,
                               auto=args.resume == "auto")
@@ -284,11 +288,12 @@ def _due(every: int, step: int, last: int) -> bool:
 
 
 def _train(args, mesh, step_fn, evaluation, initial, manager, guard, config, stop, train_bytes,
-           counted):
+           counted, claim):
   """Trains from ``initial`` (params, optimizer state, step) with ``step_fn`` (the traced
   ``steps.train_step``) on batches of ``train_bytes`` (the corpus's training slice) to --steps
   or a stop signal (``stop``); returns (the last step, the signal that stopped it or None).
-  ``counted``: the step its FLOPs are counted from (``_counted_step``)."""
+  ``counted``: the step its FLOPs are counted from (``_counted_step``); ``claim.trained`` is
+  set once a step is trained (the log files are trimmed then: ``_trim_logs``)."""
   params, opt_state, start = initial
   meta = {"seed": args.seed, "optimizer": args.optimizer, "mesh": dict(mesh.shape),
           "config": config}
@@ -304,11 +309,6 @@ def _train(args, mesh, step_fn, evaluation, initial, manager, guard, config, sto
        f" the whole mesh{unrolled}); MFU against a peak of {peak.source}" if flops else
        "FLOPs per step: not reported by XLA (no MFU)",
        *memory.describe(params, opt_state, train_step), "")
-  for name in ("metrics.jsonl", "samples.jsonl"):
-    resume.set_aside_torn_line(out / name, _say, is_main)
-  if is_main:
-    report.truncate_metrics(out / "metrics.jsonl", start)
-    report.truncate_metrics(out / "samples.jsonl", start)
   log = metrics.MetricsLog(out, build_schedule(args), args.batch * (args.seq_len - 1), flops,
                            peak, report.Progress(args.steps, args.log_every, quiet=not is_main),
                            guard, start, is_main)
@@ -323,6 +323,9 @@ def _train(args, mesh, step_fn, evaluation, initial, manager, guard, config, sto
       params, opt_state, loss, norms = train_step(params, opt_state, batch(step))
       stats = steps.stats(loss, norms)
       step += 1
+      if not claim.trained:  # the run's logs change only once it has a step to write
+        _trim_logs(out, start, is_main)
+        claim.trained = True
       profile.after(step, stats)
       pending.append((step, stats, *guard.per_step(opt_state)))
       checkpoint = args.checkpoint_every and step % args.checkpoint_every == 0
@@ -351,6 +354,15 @@ def _train(args, mesh, step_fn, evaluation, initial, manager, guard, config, sto
   finally:
     log.close()
   return step, stop.stopped_by
+
+
+def _trim_logs(out: pathlib.Path, start: int, is_main: bool) -> None:
+  """Before the first new step is written: each log file's torn last line set aside
+  (``resume.set_aside_torn_line``) and its records after ``start`` dropped (a resume)."""
+  for name in run_folder.LOGS:
+    resume.set_aside_torn_line(out / name, _say, is_main)
+    if is_main:
+      report.truncate_metrics(out / name, start)
 
 
 def _agreed(failure: Exception | None) -> None:
@@ -415,6 +427,7 @@ def run(args: argparse.Namespace, stop: StopRequest, claim: run_folder.Claim | N
   with contextlib.ExitStack() as held:
     held.callback(claim.end)
     stop.on_abort(held.close)
+    stop.on_abort(claim.abort)  # first: before step 1, what the run created goes, as it wrote it
     return _run(args, stop, held, claim)
 
 
@@ -455,7 +468,7 @@ def _run(args: argparse.Namespace, stop: StopRequest, held: contextlib.ExitStack
   try:
     step, start, stopped = _restore_and_train(args, mesh, model, opt, step_fn, abstract,
                                               abstract_state, evaluation, resumed, config, guard,
-                                              stop, train_bytes)
+                                              stop, train_bytes, claim)
     if stopped is not None and step == start:
       _say(_stopped_before_training(args, stopped, start, resumed, claim))
       return 0
@@ -474,7 +487,7 @@ def _run(args: argparse.Namespace, stop: StopRequest, held: contextlib.ExitStack
 
 
 def _restore_and_train(args, mesh, model, opt, step_fn, abstract, abstract_state, evaluation,
-                       resumed, config, guard, stop, train_bytes):
+                       resumed, config, guard, stop, train_bytes, claim):
   """(last step, first step, the signal that stopped it or None): opens the checkpoints,
   restores on --resume, trains on ``train_bytes``, and closes the checkpoints (the last save
   finalized)."""
@@ -488,7 +501,7 @@ def _restore_and_train(args, mesh, model, opt, step_fn, abstract, abstract_state
     guard.resume_from(opt_state)
     step, stopped = _train(args, mesh, step_fn, evaluation, (params, opt_state, start),
                            manager, guard, config, stop, train_bytes,
-                           _counted_step(args, opt, model))
+                           _counted_step(args, opt, model), claim)
   finally:
     manager.close()
   return step, start, stopped

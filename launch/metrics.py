@@ -42,8 +42,8 @@ class MetricsLog:
     self._peak = peak.flops_per_s
     self._is_main = is_main
     self._guard_extra = {}  # step -> what the guard fetched with it
-    # Its first event drops any later points of earlier files (a resume, a fresh start).
-    self._events = tensorboard.EventWriter(out, start + 1) if is_main else None
+    self._out, self._start = out, start
+    self._events = None  # opened with the first record: a run stopped before it writes none
 
   def fetch(self, pending: list, window, last_step: int) -> list[dict]:
     """The records of the ``pending`` steps (``(step, stats, *guard_extra)``,
@@ -76,11 +76,13 @@ class MetricsLog:
         record.update(self._guard.fields(record["step"], record["loss"], extra))
         if self._is_main:
           report.append_metrics(self.path, record)
+          if self._events is None:  # its first event drops later points of earlier files
+            self._events = tensorboard.EventWriter(self._out, self._start + 1)
           self._events.scalars(record["step"], {tag: record.get(field) for field, tag
                                                 in TENSORBOARD_TAGS.items()}, record["time"])
         self._progress.show(record)
     finally:
-      if self._is_main:
+      if self._events is not None:
         self._events.flush()
 
   def close(self) -> None:

@@ -13,9 +13,9 @@ renamed, with ``--resume auto`` too: the job stops, listing each step and why
 (it starts fresh only where there is no step at all: launch/run_folder.py).
 Quantized state saved in other blocks (another mesh) is re-encoded on restore,
 or decoded where this mesh keeps the leaf in float, and the leaves are named.
-Nothing else in the run folder changes here but a torn last line of the
-metrics (``set_aside_torn_line``); the caller trims the metrics only after
-the restore succeeded.
+Nothing else in the run folder changes here; the caller checks the log files'
+lines first (``check_lines``), and sets a torn last line aside
+(``set_aside_torn_line``) and trims the metrics only once a new step is trained.
 """
 
 import json
@@ -29,7 +29,7 @@ import checkpoints
 from launch import run_config
 from launch.cli import UsageError
 
-__all__ = ["RETRY_MISSING_S", "check_config", "restore", "set_aside_torn_line"]
+__all__ = ["RETRY_MISSING_S", "check_config", "check_lines", "restore", "set_aside_torn_line"]
 
 RETRY_MISSING_S = (1, 2, 4, 8)  # waits between tries while checkpoint files are missing
 
@@ -42,13 +42,8 @@ def set_aside_torn_line(path: pathlib.Path, say, is_main: bool = True) -> None:
   path = pathlib.Path(path)
   if not path.exists():
     return
-  body, newline, tail = path.read_bytes().rpartition(b"\n")
-  lines = body.split(b"\n") if newline else []
-  bad = [number for number, line in enumerate(lines, 1) if not _json_object(line)]
+  lines, tail, bad = check_lines(path)
   last_whole_is_torn = not tail and bad == [len(lines)]
-  if bad and not last_whole_is_torn:
-    raise UsageError(f"{path}: line {bad[0]} is not a JSON record ({lines[bad[0] - 1][:60]!r});"
-                     " fix or remove it, then resume")
   if not tail and not bad:
     return
   keep = b"".join(line + b"\n" for line in (lines[:-1] if last_whole_is_torn else lines))
@@ -62,6 +57,23 @@ def set_aside_torn_line(path: pathlib.Path, say, is_main: bool = True) -> None:
     os.replace(partial, path)
   say(f"warning: {path} ended in a torn line (a crash while it was written): moved to"
       f" {kept.name}; the {len(lines) - last_whole_is_torn} whole lines before it are kept")
+
+
+def check_lines(path) -> tuple[list[bytes], bytes, list[int]]:
+  """(the whole lines of a JSON-lines file, the bytes after its last newline, the numbers of
+  the whole lines that are not a JSON object); raises UsageError naming the file and the line
+  when one before the last is not (a torn last line is ``set_aside_torn_line``'s). Reads
+  only; a missing file has no lines."""
+  path = pathlib.Path(path)
+  if not path.exists():
+    return [], b"", []
+  body, newline, tail = path.read_bytes().rpartition(b"\n")
+  lines = body.split(b"\n") if newline else []
+  bad = [number for number, line in enumerate(lines, 1) if not _json_object(line)]
+  if bad and not (not tail and bad == [len(lines)]):
+    raise UsageError(f"{path}: line {bad[0]} is not a JSON record ({lines[bad[0] - 1][:60]!r});"
+                     " fix or remove it, then resume")
+  return lines, tail, bad
 
 
 def _json_object(line: bytes) -> bool:

@@ -297,12 +297,12 @@ def refuse_if_in_use(args: argparse.Namespace, own=()) -> None:
 class Claim:
   """What a run holds of its folders: ``locks`` (``run_lock.RunLock``) and ``created``, the
   folders it created, outermost first. ``taken``: ``take`` is done; ``settled``: ``prepare``
-  is (the run starts); ``default``: (resumed?, note) where no --out or --checkpoint-dir was
-  given."""
+  is (the run starts); ``trained``: a step was trained (what the run wrote is kept);
+  ``default``: (resumed?, note) where no --out or --checkpoint-dir was given."""
 
   def __init__(self):
     self.locks, self.created = [], []
-    self.taken = self.settled = False
+    self.taken = self.settled = self.trained = self._aborted = False
     self.default = None
 
   def adopt(self, folder: str) -> None:
@@ -330,6 +330,21 @@ class Claim:
       lock.release()
     self.locks, self.created = [], [f for f in self.created if f not in removed]
     return removed
+
+  def abort(self) -> str | None:
+    """What a second signal leaves (``stop.StopRequest.on_abort``): before the run trained a
+    step (``trained``, set by the job), what it created is removed, what it wrote there too,
+    as a signal before step 1 removes it; the line saying so (None once a step was trained:
+    the locks released, the rest kept). Done once."""
+    if self._aborted:
+      return None
+    self._aborted = True
+    if self.trained:
+      self.end()
+      return None
+    removed = self.remove(written=True)
+    return ("no step was trained; " + (f"removed the folders it created: {', '.join(removed)}"
+                                       if removed else "it had created no folder"))
 
   def end(self) -> None:
     """At the end of the run: releases the locks; where the run never started (not

@@ -17,6 +17,9 @@ import signal
 __all__ = ["StopRequest"]
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_LEFT_UNFINISHED = ("a checkpoint being written is left unfinished (a *.orbax-checkpoint-tmp"
+                    " folder, ignored and removed by the next run); the complete ones and the"
+                    " metrics written so far are kept")
 
 
 class StopRequest:
@@ -37,22 +40,23 @@ class StopRequest:
     return self.signum is not None
 
   def on_abort(self, action) -> None:
-    """Runs ``action()`` before a second signal ends the process."""
+    """Runs ``action()`` before a second signal ends the process, the last given first; a
+    line an action returns says what it left, in place of the default (a save unfinished)."""
     self._on_abort.append(action)
 
   def _handle(self, signum, frame):
     if self.signum is None:
       self.signum = signum
       return
-    os.write(2, (f"error: stopped at once by a second signal ({signal.Signals(signum).name}) after"
-                 f" {signal.Signals(self.signum).name}: a checkpoint being written is left"
-                 " unfinished (a *.orbax-checkpoint-tmp folder, ignored and removed by the next"
-                 " run); the complete ones and the metrics written so far are kept\n").encode())
+    notes = []
     for action in reversed(self._on_abort):
       try:
-        action()
+        notes.append(action())
       except Exception:  # noqa: BLE001  (nothing may keep the process from ending)
         pass
+    left = "; ".join(note for note in notes if note) or _LEFT_UNFINISHED
+    os.write(2, (f"error: stopped at once by a second signal ({signal.Signals(signum).name}) after"
+                 f" {signal.Signals(self.signum).name}: {left}\n").encode())
     os._exit(128 + signum)
 
   def agreed(self) -> bool:

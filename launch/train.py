@@ -39,7 +39,7 @@ def _run(args, stop: StopRequest) -> int:
   claim = None
   if not cli.several_processes(args):  # its one process owns the folder: taken before jax
     claim = run_folder.take(args)
-    stop.on_abort(claim.end)  # a second signal before the job starts leaves nothing either
+    stop.on_abort(claim.abort)  # a second signal before step 1 leaves nothing either
   elif args.process_id == 0:  # process 0 takes the lock once the processes are joined
     run_folder.refuse_if_in_use(args)  # at once, before jax is imported
   try:

@@ -14,7 +14,7 @@ import pytest
 
 from launch import run_config
 from tests import launch_helpers as h
-from tests.test_failure_modes import TIMEOUT, hashes, job, usage_error
+from tests.test_failure_modes import TIMEOUT, _damage_newest, hashes, job, usage_error
 
 # 4 sgd steps, checkpoints 2 and 4, a horizon of 8 so a resume may go to 8 steps.
 RUN = [*h.TINY, "--optimizer", "sgd", "--lr", "0.5", "--schedule", "cosine", "--schedule-steps",
@@ -84,3 +84,66 @@ def test_the_coordinator_address_is_not_a_change_of_the_run():
            "heartbeat_timeout": 10, "num_processes": 2}
   current = {**saved, "coordinator": "127.0.0.1:52002", "init_timeout": 30}
   assert run_config.compare(saved, current) == ([], [])
+
+
+def test_a_bad_metrics_line_is_refused_before_a_damaged_step_is_set_aside(run, tmp_path):
+  """A bad line 2 in metrics.jsonl and damaged step-4 data (was: step 4 renamed to 4.damaged,
+  'resumed from step 2', then exit 2 naming the line): exit 2 with nothing changed."""
+  _damage_newest(run)
+  lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
+  lines[1] = "not json\n"
+  (run / "metrics.jsonl").write_text("".join(lines))
+  before = hashes(run)
+  result = job(tmp_path, "--out", str(run), "--resume", "--steps", "6")
+  usage_error(result, "metrics.jsonl: line 2 is not a JSON record")
+  assert "resumed from" not in result.out
+  assert hashes(run) == before
+
+
+def _signal_once_printed(args: list[str], log: pathlib.Path, text: str, again: bool) -> int:
+  """Starts the job, sends SIGTERM once ``text`` is in its output (and, with ``again``, a
+  second one 0.1 s later); its exit code."""
+  proc = h.start(["launch.train", *args], log)
+  try:
+    deadline = time.monotonic() + TIMEOUT
+    while text not in log.read_text():
+      assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+      time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGTERM)
+    if again:
+      time.sleep(0.1)  # two signals pending at once are one to Python
+      os.killpg(proc.pid, signal.SIGTERM)
+    return proc.wait(timeout=TIMEOUT)
+  finally:
+    h.stop(proc)
+
+
+def test_a_resume_stopped_before_its_first_step_leaves_the_folder_as_it_was(run, tmp_path):
+  """Records past the newest checkpoint (a run killed after step 4, whose checkpoint 4 is gone),
+  SIGTERM as the resume says 'resumed from step 2' (was: 'RUN is as it was' while
+  metrics.jsonl had been cut to 2 records and a new event file written)."""
+  shutil.rmtree(run / "checkpoints" / "4")
+  before = hashes(run)
+  log = tmp_path / "log"
+  code = _signal_once_printed([*RUN, "--out", str(run), "--resume", "--steps", "6"], log,
+                              "resumed from step 2", again=False)
+  assert code == 0, pathlib.Path(f"{log}.stderr").read_text()[-2000:]
+  said = log.read_text().strip().splitlines()[-1]
+  assert said == (f"stopped by signal 15 before step 3: nothing trained or saved; {run} is as it"
+                  " was (step 2)"), said
+  assert hashes(run) == before
+
+
+def test_a_second_signal_before_step_1_removes_what_the_run_created(tmp_path):
+  """Two SIGTERMs before step 1 of a new run in new folders (was: exit 143, empty
+  np/sub/RUN and ck left, nothing said): exit 143, one line saying what was removed."""
+  out, checkpoint_dir, log = tmp_path / "np" / "sub" / "RUN", tmp_path / "ck", tmp_path / "log"
+  code = _signal_once_printed([*RUN, "--steps", "50", "--out", str(out), "--checkpoint-dir",
+                               str(checkpoint_dir)], log, "per-device memory plan", again=True)
+  err = pathlib.Path(f"{log}.stderr").read_text().strip().splitlines()
+  assert code == 128 + signal.SIGTERM, (code, err[-5:])
+  assert len(err) == 1 and err[0] == (
+      "error: stopped at once by a second signal (SIGTERM) after SIGTERM: no step was trained;"
+      f" removed the folders it created: {checkpoint_dir}, {out}, {out.parent},"
+      f" {out.parent.parent}"), err
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["log", "log.stderr"]
