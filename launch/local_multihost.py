@@ -201,17 +201,21 @@ def parse_args(argv=None) -> argparse.Namespace:
 def _default_out(given: dict) -> str:
   """The run folder every process shares when the job's flags ``given`` (``flags.given_flags``)
   name none, the one the job alone would take: with --resume (and no --checkpoint-dir) the
-  newest one holding a checkpoint (``--resume auto``: else a new one), otherwise a new name
-  unique to this launcher (the job creates it)."""
+  newest one holding a checkpoint (``--resume auto``: else a new one; one a live run holds is
+  refused as the job refuses it: '--resume: the newest run ... is in use'), otherwise a new
+  name unique to this launcher (the job creates it)."""
   fresh = str(run_folder.new_name(tag=str(os.getpid())))
   if not given.get("resume") or given.get("checkpoint_dir") is not None:
     return fresh
   try:
-    return str(run_folder.newest_resumable())
+    newest = str(run_folder.newest_resumable())
   except cli.UsageError:
     if given["resume"] == "auto":
       return fresh
     raise
+  run_folder.refuse_if_in_use(argparse.Namespace(  # named as the job alone names it
+      out=newest, checkpoint_dir=None, out_is_newest_run=True))
+  return newest
 
 
 # The main job's flags the launcher gives every process (after the arguments after --, so its

@@ -222,16 +222,40 @@ def _check_contents(args: argparse.Namespace, steps: list[int]) -> None:
   """Raises UsageError when the folder does not fit --resume (read only)."""
   is_run = args.out is not None  # a run folder, not a bare --checkpoint-dir
   holder = args.out if is_run else args.checkpoint_dir  # named in messages
+  apart = is_run and not _inside(args.checkpoint_dir, args.out)  # --checkpoint-dir elsewhere
   if args.resume == "required" and not steps:
-    found = describe(holder, args.checkpoint_dir, is_run)
+    found = (f"--checkpoint-dir {describe(args.checkpoint_dir, args.checkpoint_dir, False)}"
+             if apart else describe(holder, args.checkpoint_dir, is_run))
     raise UsageError(f"--resume: nothing to resume: {found}."
                      " Start without --resume, or use --resume auto to start fresh when"
                      " there is no checkpoint")
+  if args.resume and apart:
+    _refuse_another_runs_folder(args, steps)
   if not args.resume and (steps or (is_run and metrics_records(args.out))):
     contents = _contents(pathlib.Path(holder), args.checkpoint_dir, is_run)
     raise UsageError(f"{'--out' if is_run else '--checkpoint-dir'} {holder} already holds a"
                      f" run ({contents}): pass --resume to continue it, or choose another"
                      " --out or --checkpoint-dir to start afresh")
+
+
+def _refuse_another_runs_folder(args: argparse.Namespace, steps: list[int]) -> None:
+  """Raises UsageError when --out holds another run than the --checkpoint-dir (elsewhere) a
+  --resume continues or, with --resume auto, starts afresh in: runs told apart by what they
+  record, --out's own checkpoints and the folder the checkpoints' run saved as its --out."""
+  own = finalized_steps(pathlib.Path(args.out) / "checkpoints")
+  records = metrics_records(args.out)
+  if not steps and own:
+    raise UsageError(f"--resume auto: --out {describe(args.out)} holds a run, and --checkpoint-dir"
+                     f" {args.checkpoint_dir} no checkpoint to continue it: pass --checkpoint-dir"
+                     f" {os.path.join(args.out, 'checkpoints')} to continue it, or choose another"
+                     " --out to start afresh")
+  saved = saved_metadata(args.checkpoint_dir) if steps and records else None
+  run_out = saved and saved[0]["config"].get("out")
+  if isinstance(run_out, str) and os.path.realpath(run_out) != os.path.realpath(args.out):
+    raise UsageError(f"--resume: --out {describe(args.out)} holds the metrics of another run than"
+                     f" the checkpoints in --checkpoint-dir {args.checkpoint_dir} (written by the"
+                     f" run in {run_out}): pass --out {run_out}, or a new folder, to continue"
+                     " that run without mixing the two")
 
 
 def _check_fits(args: argparse.Namespace, steps: list[int], own=(), locks: bool = True) -> None:

@@ -147,3 +147,82 @@ def test_a_second_signal_before_step_1_removes_what_the_run_created(tmp_path):
       f" removed the folders it created: {checkpoint_dir}, {out}, {out.parent},"
       f" {out.parent.parent}"), err
   assert sorted(p.name for p in tmp_path.iterdir()) == ["log", "log.stderr"]
+
+
+def test_resume_auto_with_an_empty_checkpoint_dir_refuses_a_folder_holding_a_run(run, tmp_path):
+  """--out RUN (its own checkpoints 2 and 4, 4 records) --checkpoint-dir OTHER (empty) --resume
+  auto (was: exit 0 'no checkpoint in OTHER: starting fresh', RUN's metrics moved aside and a
+  new run trained beside its checkpoints): refused as a fresh start there is, nothing changed."""
+  before = hashes(run)
+  other = tmp_path / "other"
+  result = job(tmp_path, "--out", str(run), "--checkpoint-dir", str(other), "--resume", "auto",
+               "--steps", "6")
+  usage_error(result, f"--out {run}", "holds a run", f"--checkpoint-dir {other}")
+  assert hashes(run) == before and not other.exists()
+
+
+def test_resume_refuses_metrics_of_another_run_than_the_checkpoints(run, tmp_path):
+  """--out RUN (its own run's metrics) --checkpoint-dir Q/checkpoints of another run (was: RUN's
+  metrics trimmed and Q's steps appended: two runs in one file): refused naming both."""
+  other = pathlib.Path(shutil.copytree(run, tmp_path / "q"))
+  _edit_config_out(other, tmp_path / "elsewhere")
+  before = hashes(run)
+  result = job(tmp_path, "--out", str(run), "--checkpoint-dir", str(other / "checkpoints"),
+               "--resume", "--steps", "6")
+  usage_error(result, f"--out {run}", f"--checkpoint-dir {other / 'checkpoints'}",
+              str(tmp_path / "elsewhere"))
+  assert hashes(run) == before
+
+
+def _edit_config_out(run: pathlib.Path, out: pathlib.Path) -> None:
+  """The checkpoints of ``run`` as written by a run whose --out was ``out`` (digests kept
+  true: the record vouches for the metadata)."""
+  from checkpoints import digest  # pylint: disable=import-outside-toplevel
+  for step in h.checkpoint_steps(run / "checkpoints"):
+    folder = run / "checkpoints" / str(step)
+    metadata = json.loads((folder / "metadata" / "metadata").read_text())
+    layout = json.loads((folder / "layout" / "metadata").read_text())
+    metadata["config"]["out"] = str(out)
+    layout["digest"] = digest.digest(layout["leaves"], layout["checksums"], metadata,
+                                     layout["seed"], layout.get("state_classes"))
+    (folder / "metadata" / "metadata").write_text(json.dumps(metadata))
+    (folder / "layout" / "metadata").write_text(json.dumps(layout))
+
+
+def test_a_run_whose_checkpoints_lie_elsewhere_resumes(run, tmp_path):
+  """The run's own --out and --checkpoint-dir apart: its resume goes on."""
+  _edit_config_out(run, run)  # as this run wrote them
+  checkpoint_dir = pathlib.Path(shutil.move(run / "checkpoints", tmp_path / "ck"))
+  result = job(tmp_path, "--out", str(run), "--checkpoint-dir", str(checkpoint_dir), "--resume",
+               "--steps", "6")
+  assert result.code == 0, result.err[-2000:]
+  assert "resumed from step 4" in result.out
+
+
+def test_nothing_to_resume_names_the_checkpoint_dir_searched(run, tmp_path):
+  """--out RUN --resume --checkpoint-dir OTHER (empty; RUN/checkpoints has steps): the message
+  names OTHER, the folder searched (was: 'nothing to resume: RUN (no checkpoints; ...)')."""
+  other = tmp_path / "other"
+  other.mkdir()
+  result = job(tmp_path, "--out", str(run), "--resume", "--checkpoint-dir", str(other))
+  usage_error(result, f"nothing to resume: --checkpoint-dir {other} (no checkpoints)")
+
+
+def test_the_launcher_names_resume_when_the_newest_run_is_in_use(tmp_path, monkeypatch):
+  """local_multihost -- --resume without --out while the newest run is live (was: '--out
+  runs/lm-... is in use ... or choose another --out', a flag the user never gave)."""
+  from launch import local_multihost  # pylint: disable=import-outside-toplevel
+  from launch import cli, run_lock  # pylint: disable=import-outside-toplevel
+  newest = tmp_path / "runs" / "lm-20260101-000000"
+  (newest / "checkpoints" / "2").mkdir(parents=True)
+  monkeypatch.chdir(tmp_path)
+  held = run_lock.RunLock.acquire(newest)
+  try:
+    with pytest.raises(cli.UsageError) as refused:
+      local_multihost._job_args(local_multihost.parse_args(  # pylint: disable=protected-access
+          ["--processes", "2", "--devices", "4", "--", "--resume", "--steps", "10"]))
+  finally:
+    held.release()
+  assert str(refused.value).startswith("--resume: the newest run runs/lm-20260101-000000 is in"
+                                       " use"), refused.value
+  assert "--out runs" not in str(refused.value)
