@@ -246,7 +246,7 @@ def _refuse_another_runs_folder(args: argparse.Namespace, steps: list[int]) -> N
   records = metrics_records(args.out)
   if not steps and own:
     raise UsageError(f"--resume auto: --out {describe(args.out)} holds a run, and --checkpoint-dir"
-                     f" {args.checkpoint_dir} no checkpoint to continue it: pass --checkpoint-dir"
+                     f" {args.checkpoint_dir} holds no checkpoint to continue it: pass --checkpoint-dir"
                      f" {os.path.join(args.out, 'checkpoints')} to continue it, or choose another"
                      " --out to start afresh")
   saved = saved_metadata(args.checkpoint_dir) if steps and records else None
