@@ -103,10 +103,10 @@ def compare(saved: dict, current: dict) -> tuple[list[str], list[str]]:
 
 
 def _same(name: str, old, new) -> bool:
-  """Whether a flag's saved and current values are the same: --opt's keywords as a mapping
+  """Whether a flag's saved and current values are the same: --opt's keywords in any order
   (their order does not change the run; a keyword given twice is refused by the parser)."""
-  if name == "opt" and old and new:
-    return dict(map(tuple, old)) == dict(map(tuple, new))
+  if name == "opt" and isinstance(old, list) and isinstance(new, list):
+    return sorted(map(tuple, old)) == sorted(map(tuple, new))
   return old == new
 
 
