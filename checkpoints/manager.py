@@ -79,6 +79,19 @@ def _json(value: Any, what: str) -> Any:
     raise TypeError(f"{what} must be JSON-serializable (dicts, lists, str, numbers): {e}") from e
 
 
+def _refuse_deleted(step: int, state: Any) -> None:
+  """Raises CheckpointError naming the leaves of ``state`` whose arrays were deleted (donated
+  to a jitted call, which consumed them), before any process writes."""
+  dead = [name for name, leaf in layout.named_leaves(state)
+          if isinstance(leaf, jax.Array) and leaf.is_deleted()]
+  if dead:
+    raise CheckpointError(
+        f"save({step}): the arrays of {', '.join(repr(n) for n in dead[:5])}"
+        f"{f' and {len(dead) - 5} more leaves' if len(dead) > 5 else ''} were deleted: donated"
+        " to a jitted call (the sharded step consumes the params and state it is given and"
+        " returns new ones). Save the params and state that call returned.")
+
+
 def _checked_step(step) -> int:
   """``step`` as an int: an integer >= 0, a Python int or a 0-d integer array (a
   ``TrainState.step``); a negative one would be written but never listed or restored."""
@@ -208,6 +221,7 @@ class CheckpointManager:
     metadata = _json(metadata or {}, "metadata")
     if metrics is not None:
       metrics = {k: float(v) for k, v in metrics.items()}
+    _refuse_deleted(step, state)
     barrier(f"save_{step}", self.policy.timeout_s)
     saveable = layout.to_saveable(state)
     args = ocp.args.Composite(

@@ -179,3 +179,20 @@ def test_async_save_survives_donating_the_state_right_after(tmp_path):
     restored = mngr.restore(_small_target()).state
   np.testing.assert_array_equal(np.asarray(restored["w"]), np.full((512, 1024), 3, np.float32))
   np.testing.assert_array_equal(np.asarray(state["w"]), np.full((512, 1024), 4, np.float32))
+
+
+def test_saving_arrays_a_jitted_call_consumed_names_them(tmp_path):
+  """The state given to a donating step is deleted: saving it raised jax's bare 'Array has
+  been deleted with shape=float32[512,1024]' from inside the checksums, naming no leaf. Now
+  an error naming each leaf and what to save instead, raised before anything is written."""
+  step = jax.jit(lambda s: jax.tree.map(lambda x: x + 1, s), donate_argnums=0)
+  old = jax.device_put({"params": _small(3), "count": jnp.int32(3)},
+                       NamedSharding(_mesh((2, 4)), P()))
+  new = step(old)
+  with ck.CheckpointManager(tmp_path) as mngr:
+    with pytest.raises(ck.CheckpointError, match=r"save\(4\): the arrays of 'count',"
+                       r" 'params\.n', 'params\.w' were deleted: donated to a jitted call .* Save the params"
+                       " and state that call returned"):
+      mngr.save(4, {"params": old["params"], "count": old["count"]})
+    assert mngr.all_steps() == [] and not list(tmp_path.iterdir())
+    assert mngr.save(4, new)
