@@ -34,6 +34,7 @@ from checkpoints.errors import CheckpointError
 from checkpoints.errors import CheckpointWriteError
 from checkpoints.errors import CorruptCheckpointError
 from checkpoints.errors import NoCheckpointError
+from checkpoints.errors import StructureMismatchError
 from checkpoints.policy import CheckpointPolicy
 from checkpoints.reinit import OPTIMIZER_CHANGED
 from checkpoints.reinit import fresh_opt_state
@@ -370,9 +371,10 @@ class CheckpointManager:
     read_target, retiled = retile.saved_tiles(target, saved.leaves, prefix)
     pairs = layout.named_leaves(read_target, prefix)
     under = {n: s for n, s in saved.leaves.items() if n == prefix or n.startswith(prefix + ".")}
+    where = f"Restoring {prefix!r} of step {step} from {self.directory}"
+    _check_subtree_target(where, saved.leaves, under, read_target, prefix)
     layout.check_same(under, layout.describe(pairs, retile.code_notes(read_target, prefix)),
-                      f"Restoring {prefix!r} of step {step} from {self.directory}",
-                      more=_class_differences(saved, target, prefix, opt_state_key))
+                      where, more=_class_differences(saved, target, prefix, opt_state_key))
     values = self._read(step, pairs, saved, partial=True)
     state = layout.rebuild(read_target, pairs, values, saved.leaves)
     return Restored(_in_target_form(state, target, retiled, step), step, metadata, retiled=tuple(retiled))
@@ -407,6 +409,23 @@ class CheckpointManager:
     raise NoCheckpointError(f"No readable checkpoint in {self.directory}."
                             + "".join(f"\n  step {s.step}: {s.reason}" for s in skipped),
                             skipped=skipped)
+
+
+def _check_subtree_target(where: str, saved: dict, under: dict, target: Any,
+                          prefix: str) -> None:
+  """Raises StructureMismatchError where nothing was saved under ``prefix`` (naming the saved
+  tree's top-level names), or where ``target`` is the whole saved state, not the subtree
+  under ``prefix`` (its leaves' names, without the prefix, are those saved under it)."""
+  if not under:
+    tops = sorted({name.split(".")[0] for name in saved})
+    raise StructureMismatchError(f"{where}: nothing was saved under {prefix!r}; the saved"
+                                 f" tree's top-level names are {tops}.")
+  whole = {name for name, _ in layout.named_leaves(target)}
+  if set(under) <= whole:
+    raise StructureMismatchError(
+        f"{where}: the target is the whole state (its leaves are named as saved, e.g."
+        f" {min(under)!r}), not the subtree under {prefix!r}: pass that subtree (e.g."
+        f" state[{prefix!r}]) as the target, or restore the whole state with restore().")
 
 
 def _class_differences(saved: record.Record, target: Any, prefix: str,

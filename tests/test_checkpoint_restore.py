@@ -128,6 +128,26 @@ def test_params_only_restore(saved):
   assert alone.state.sharding == target["w"].sharding
 
 
+def test_a_subtree_restore_names_a_wrong_target_or_prefix(saved):
+  """The whole state as restore_subtree's target, or a prefix nothing was saved under: every
+  leaf was listed as 'in the target, not in the checkpoint' (under a doubled prefix,
+  'train.params.train.params.w'), not saying why. Now the message says what to pass."""
+  _, directory, state, _ = saved
+  mesh = _mesh((8, 1))
+  params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        state.params, _param_shardings(mesh))
+  with ck.CheckpointManager(directory) as mngr:
+    with pytest.raises(ck.StructureMismatchError,
+                       match=r"the target is the whole state \(its leaves are named as saved,"
+                       r" e\.g\. 'train\.params\.b'\), not the subtree under 'train\.params':"
+                       r" pass that subtree \(e\.g\. state\['train\.params'\]\)"):
+      mngr.restore_subtree({"train": {"params": params}}, "train.params")
+    with pytest.raises(ck.StructureMismatchError,
+                       match=r"nothing was saved under 'train\.parms'; the saved tree's"
+                       r" top-level names are \['raw_rng', 'rng', 'train'\]"):
+      mngr.restore_subtree(params, "train.parms")
+
+
 def test_changed_optimizer_is_refused_then_reinitialised_on_request(saved, tmp_path):
   tx, directory, state, _ = saved
   mesh = _mesh((4, 2))
