@@ -33,10 +33,6 @@ OPTIMIZERS = {
         shardopt.contrib.ScaleBySimplifiedAdEMAMixState),
     "scale_by_adadelta()": (shardopt.scale_by_adadelta, ScaleByAdaDeltaState),
     "adadelta(0.1)": (lambda: shardopt.adadelta(0.1), ScaleByAdaDeltaState),
-    "contrib.scale_by_soap()": (shardopt.contrib.scale_by_soap,
-                                shardopt.contrib.SoapState),
-    "contrib.soap(0.1)": (lambda: shardopt.contrib.soap(0.1),
-                          shardopt.contrib.SoapState),
 }
 
 
