@@ -1,7 +1,8 @@
 """Resumes that must take their flags from, and leave their folders as, the step and run they
 name: damaged metadata of the newest step, --checkpoint-dir elsewhere than --out, errors found
 after the restore, signals before step 1, keyword order. Each case runs the job in a
-subprocess (tests/test_failure_modes.py's harness) on a copy of one small run."""
+subprocess (tests/test_failure_modes.py's harness) on a copy of its small run: 4 steps,
+checkpoints 2 and 4, a horizon of 8 so a resume may go to 8 steps."""
 
 import json
 import os
@@ -14,24 +15,8 @@ import pytest
 
 from launch import run_config
 from tests import launch_helpers as h
-from tests.test_failure_modes import TIMEOUT, _damage_newest, hashes, job, usage_error
-
-# 4 sgd steps, checkpoints 2 and 4, a horizon of 8 so a resume may go to 8 steps.
-RUN = [*h.TINY, "--optimizer", "sgd", "--lr", "0.5", "--schedule", "cosine", "--schedule-steps",
-       "8", "--checkpoint-every", "2", "--keep-checkpoints", "100", "--eval-every", "0"]
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> pathlib.Path:
-  out = tmp_path_factory.mktemp("trained") / "run"
-  h.run_in_process(out, *RUN[len(h.TINY):], "--steps", "4")
-  assert h.checkpoint_steps(out / "checkpoints") == [2, 4]
-  return out
-
-
-@pytest.fixture
-def run(trained, tmp_path) -> pathlib.Path:
-  return pathlib.Path(shutil.copytree(trained, tmp_path / "run"))
+from tests.test_failure_modes import RUN, TIMEOUT, _damage_newest, hashes, job, usage_error
+from tests.test_failure_modes import run, trained  # noqa: F401  (fixtures: a copy of one run)
 
 
 def _edit_saved_config(run: pathlib.Path, step: int, **changes) -> None:
