@@ -26,7 +26,8 @@ import tomllib
 from launch import cli
 from launch import run_folder
 
-__all__ = ["HOW_PROCESSES_JOIN", "INVOCATION", "MAY_CHANGE", "NOT_INHERITED", "compare", "config_of",
+__all__ = ["HOW_PROCESSES_JOIN", "INVOCATION", "MAY_CHANGE", "NOT_INHERITED", "compare",
+           "config_of",
            "defines_run", "describe_changes", "flags_of", "inherited", "read_file",
            "saved_config", "title", "to_toml"]
 

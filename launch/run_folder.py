@@ -245,10 +245,10 @@ def _refuse_another_runs_folder(args: argparse.Namespace, steps: list[int]) -> N
   own = finalized_steps(pathlib.Path(args.out) / "checkpoints")
   records = metrics_records(args.out)
   if not steps and own:
-    raise UsageError(f"--resume auto: --out {describe(args.out)} holds a run, and --checkpoint-dir"
-                     f" {args.checkpoint_dir} holds no checkpoint to continue it: pass --checkpoint-dir"
-                     f" {os.path.join(args.out, 'checkpoints')} to continue it, or choose another"
-                     " --out to start afresh")
+    raise UsageError(f"--resume auto: --out {describe(args.out)} holds a run, and"
+                     f" --checkpoint-dir {args.checkpoint_dir} holds no checkpoint to continue it:"
+                     f" pass --checkpoint-dir {os.path.join(args.out, 'checkpoints')} to continue"
+                     " it, or choose another --out to start afresh")
   saved = saved_metadata(args.checkpoint_dir) if steps and records else None
   run_out = saved and saved[0]["config"].get("out")
   if isinstance(run_out, str) and os.path.realpath(run_out) != os.path.realpath(args.out):
