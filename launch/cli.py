@@ -414,7 +414,7 @@ def _check_url(flag: str, path: str) -> None:
                      f" {scheme}:// paths{hint}")
   packages = url_packages(scheme)
   if not any(importlib.util.find_spec(name) for name in packages):
-    raise UsageError(f"{flag} {path}: {path.partition('://')[0]}:// paths need the package"
+    raise UsageError(f"{flag} {path}: {scheme}:// paths need the package"
                      f" {packages[0]}, which is not installed: pip install {packages[0]}")
 
 

@@ -1,6 +1,6 @@
 """The job's flags as resolved: the parser's defaults, then (with --resume)
 the flags saved with the run's newest checkpoint whose metadata is intact (the
-step the restore starts from: ``run_config.saved_config``), then a --config file, then
+step the restore starts from: ``run_folder.saved_config``), then a --config file, then
 the command line. No jax imported (the resolved --cpu-devices must be set
 first).
 
@@ -34,7 +34,7 @@ def _resumed_run(given: dict) -> tuple[dict, list]:
       return {}, []
   checkpoint_dir = given.get("checkpoint_dir") or os.path.join(
       given.get("out") or found["out"], "checkpoints")
-  saved = run_config.saved_config(checkpoint_dir)
+  saved = run_folder.saved_config(checkpoint_dir)
   if saved:
     _refuse_changes(saved[0], given, f"{checkpoint_dir} (step {saved[1]})")
   if not saved:

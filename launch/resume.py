@@ -40,11 +40,8 @@ def set_aside_torn_line(path: pathlib.Path, say, is_main: bool = True) -> None:
   beside it, with one warning; the rest is rewritten atomically (only ``is_main`` writes). A
   bad line before the last one is an error naming the file and the line (nothing changed)."""
   path = pathlib.Path(path)
-  if not path.exists():
-    return
-  lines, tail, bad = check_lines(path)
-  last_whole_is_torn = not tail and bad == [len(lines)]
-  if not tail and not bad:
+  lines, tail, last_whole_is_torn = check_lines(path)
+  if not tail and not last_whole_is_torn:
     return
   keep = b"".join(line + b"\n" for line in (lines[:-1] if last_whole_is_torn else lines))
   torn = lines[-1] + b"\n" if last_whole_is_torn else tail
@@ -59,21 +56,22 @@ def set_aside_torn_line(path: pathlib.Path, say, is_main: bool = True) -> None:
       f" {kept.name}; the {len(lines) - last_whole_is_torn} whole lines before it are kept")
 
 
-def check_lines(path) -> tuple[list[bytes], bytes, list[int]]:
-  """(the whole lines of a JSON-lines file, the bytes after its last newline, the numbers of
-  the whole lines that are not a JSON object); raises UsageError naming the file and the line
-  when one before the last is not (a torn last line is ``set_aside_torn_line``'s). Reads
-  only; a missing file has no lines."""
+def check_lines(path) -> tuple[list[bytes], bytes, bool]:
+  """(the whole lines of a JSON-lines file, the bytes after its last newline, whether its last
+  whole line is torn: not a JSON object, with nothing after it); raises UsageError naming the
+  file and the line where another whole line is not a JSON object (a torn last line is
+  ``set_aside_torn_line``'s). Reads only; a missing file has no lines."""
   path = pathlib.Path(path)
   if not path.exists():
-    return [], b"", []
+    return [], b"", False
   body, newline, tail = path.read_bytes().rpartition(b"\n")
   lines = body.split(b"\n") if newline else []
   bad = [number for number, line in enumerate(lines, 1) if not _json_object(line)]
-  if bad and not (not tail and bad == [len(lines)]):
+  last_whole_is_torn = not tail and bad == [len(lines)]
+  if bad and not last_whole_is_torn:
     raise UsageError(f"{path}: line {bad[0]} is not a JSON record ({lines[bad[0] - 1][:60]!r});"
                      " fix or remove it, then resume")
-  return lines, tail, bad
+  return lines, tail, last_whole_is_torn
 
 
 def _json_object(line: bytes) -> bool:

@@ -24,12 +24,10 @@ import pathlib
 import tomllib
 
 from launch import cli
-from launch import run_folder
 
-__all__ = ["HOW_PROCESSES_JOIN", "INVOCATION", "MAY_CHANGE", "NOT_INHERITED", "compare",
-           "config_of",
+__all__ = ["INVOCATION", "MAY_CHANGE", "NOT_INHERITED", "compare", "config_of",
            "defines_run", "describe_changes", "flags_of", "inherited", "read_file",
-           "saved_config", "title", "to_toml"]
+           "title", "to_toml"]
 
 INVOCATION = frozenset({"resume", "config", "print_config", "debug", "out_is_newest_run",
                         "derived", "given"})
@@ -37,7 +35,7 @@ NOT_INHERITED = frozenset({  # where this invocation runs: the paths, the proces
     "out", "checkpoint_dir", "cpu_devices", "coordinator", "num_processes", "process_id",
     "auto_distributed", "init_timeout", "heartbeat_timeout"})
 
-HOW_PROCESSES_JOIN = frozenset({  # how this invocation's processes meet, not the run: not compared
+_HOW_PROCESSES_JOIN = frozenset({  # how this invocation's processes meet, not the run: not compared
     "coordinator", "process_id", "init_timeout", "heartbeat_timeout"})
 
 MAY_CHANGE = frozenset({
@@ -87,11 +85,11 @@ def compare(saved: dict, current: dict) -> tuple[list[str], list[str]]:
   """(changes not allowed, allowed changes), each as ``--flag old -> new``.
 
   A flag missing from ``saved`` (added to the job later) counts as its default; how the
-  processes join (``HOW_PROCESSES_JOIN``: the launcher picks a new --coordinator port each
+  processes join (``_HOW_PROCESSES_JOIN``: the launcher picks a new --coordinator port each
   time) is not compared.
   """
   refused, allowed = [], []
-  for name in sorted(set(current) - {"given"} - HOW_PROCESSES_JOIN):
+  for name in sorted(set(current) - {"given"} - _HOW_PROCESSES_JOIN):
     old = saved.get(name, _default(name))
     new = current[name]
     if _same(name, old, new):
@@ -119,16 +117,6 @@ def describe_changes(refused: list[str], where: str) -> str:
   """The one-line error for flags that differ from the run being resumed."""
   return (f"--resume: the flags differ from the run in {where}: {'; '.join(refused)}."
           " Leave them out to keep the run's values, or start another run with a new --out")
-
-
-def saved_config(checkpoint_dir) -> tuple[dict, int] | None:
-  """(the flags saved with the newest step whose metadata its record vouches for, that step),
-  or None when no step has any (``run_folder.saved_metadata``, before jax starts: a step whose
-  metadata was damaged is passed over, as the restore passes over it)."""
-  found = run_folder.saved_metadata(checkpoint_dir)
-  if found is None:
-    return None
-  return found[0]["config"], found[1]
 
 
 def inherited(saved: dict) -> dict:

@@ -31,7 +31,7 @@ from launch.cli import blocking_part
 
 __all__ = ["LOGS", "RUNS", "Claim", "claim_new", "describe", "finalized_steps",
            "metrics_records", "new_name", "newest_resumable", "prepare", "refuse_if_in_use",
-           "saved_metadata", "set_aside_logs", "take", "unfinished_saves"]
+           "saved_config", "set_aside_logs", "take", "unfinished_saves"]
 
 RUNS = pathlib.Path("runs")
 LOGS = ("metrics.jsonl", "samples.jsonl")  # a run's own log files: set aside by a fresh start
@@ -95,9 +95,9 @@ def finalized_steps(checkpoint_dir) -> list[int]:
   return sorted(int(p.name) for p in path.iterdir() if p.name.isdigit() and p.is_dir())
 
 
-def saved_metadata(checkpoint_dir) -> tuple[dict, int] | None:
-  """(the metadata saved with the newest finalized step whose record vouches for it and that
-  holds a ``config``, that step), or None: read from the step's JSON items
+def saved_config(checkpoint_dir) -> tuple[dict, int] | None:
+  """(the flags saved with the newest finalized step whose record vouches for its metadata,
+  that step), or None when no step has any: read from the step's JSON items
   (``<step>/layout/metadata``, ``<step>/metadata/metadata``) and checked against the record's
   digest (``checkpoints.digest``) without jax; a step that fails is passed over, as the
   restore passes over it."""
@@ -109,7 +109,7 @@ def saved_metadata(checkpoint_dir) -> tuple[dict, int] | None:
     except (OSError, ValueError):
       continue
     if isinstance(metadata, dict) and isinstance(metadata.get("config"), dict):
-      return metadata, step
+      return metadata["config"], step
   return None
 
 
@@ -249,8 +249,8 @@ def _refuse_another_runs_folder(args: argparse.Namespace, steps: list[int]) -> N
                      f" --checkpoint-dir {args.checkpoint_dir} holds no checkpoint to continue it:"
                      f" pass --checkpoint-dir {os.path.join(args.out, 'checkpoints')} to continue"
                      " it, or choose another --out to start afresh")
-  saved = saved_metadata(args.checkpoint_dir) if steps and records else None
-  run_out = saved and saved[0]["config"].get("out")
+  saved = saved_config(args.checkpoint_dir) if steps and records else None
+  run_out = saved and saved[0].get("out")
   if isinstance(run_out, str) and os.path.realpath(run_out) != os.path.realpath(args.out):
     raise UsageError(f"--resume: --out {describe(args.out)} holds the metrics of another run than"
                      f" the checkpoints in --checkpoint-dir {args.checkpoint_dir} (written by the"
