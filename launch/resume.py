@@ -11,8 +11,9 @@ restore is tried again for ``sum(RETRY_MISSING_S)`` seconds before any such
 verdict (a shared filesystem that lags). When no step reads back, nothing is
 renamed, with ``--resume auto`` too: the job stops, listing each step and why
 (it starts fresh only where there is no step at all: launch/run_folder.py).
-Quantized state saved in other blocks (another mesh) is re-encoded on restore,
-or decoded where this mesh keeps the leaf in float, and the leaves are named.
+Quantized state saved in other blocks (another device count, ``--rules`` or
+ZeRO setting, or blocks that fit one mesh alone) is re-encoded on restore, or
+decoded where this mesh keeps the leaf in float, and the leaves are named.
 Nothing else in the run folder changes here; the caller checks the log files'
 lines first (``check_lines``), and sets a torn last line aside
 (``set_aside_torn_line``) and trims the metrics only once a new step is trained.

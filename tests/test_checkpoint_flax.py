@@ -16,7 +16,9 @@ SPECS = {"kernel": P("a", "b"), "bias": P("b")}
 
 
 def _mesh(shape, axis_types="auto"):
-  return partitioning.make_mesh({"a": shape[0], "b": shape[1]}, axis_types=axis_types)
+  """A mesh of ``shape`` on the first of the 8 devices."""
+  return partitioning.make_mesh({"a": shape[0], "b": shape[1]}, axis_types=axis_types,
+                                devices=jax.devices()[:shape[0] * shape[1]])
 
 
 class _Model(nnx.Module):
@@ -178,8 +180,10 @@ def test_nnx_changed_optimizer_needs_explicit_reinit(tmp_path):
 def test_train_state_with_8bit_state_has_the_derived_blocks():
   """TrainState.create calls tx.init itself: its init is traced on the
   params typed in their layout, so the quantized blocks are those
-  shardopt.state_shardings derived, on an Auto mesh: a shard (16, 2, 16)
-  gets tiles (8, 2, 16), where the whole array's would be (4, 4, 16)."""
+  shardopt.state_shardings derived, on an Auto mesh: split over both mesh
+  axes, its dimensions 0 and 1 are cut at most into 64 / 8 and 4 / 4 by any
+  mesh of 8 devices, so tiles (8, 1, 16), where the whole array's would be
+  (4, 4, 16)."""
   mesh = jax.make_mesh((4, 2), ("data", "model"),
                        axis_types=(jax.sharding.AxisType.Auto,) * 2)
   shardings = {"w": NamedSharding(mesh, P("data", "model", None))}
@@ -188,7 +192,7 @@ def test_train_state_with_8bit_state_has_the_derived_blocks():
   state = ck.create_train_state(None, lambda: params, tx, shardings)
   derived = shardopt.state_shardings(tx, params, shardings)
   mu = state.opt_state[0].mu["w"]
-  assert isinstance(mu, shardopt.QuantizedArray) and mu.tile == (8, 2, 16)
+  assert isinstance(mu, shardopt.QuantizedArray) and mu.tile == (8, 1, 16)
   for leaf, sharding in zip(jax.tree.leaves(state.opt_state), jax.tree.leaves(derived)):
     assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim)
 
@@ -344,9 +348,9 @@ _STEP = {8: dict(signed=1 / 127, rtol=1 / 16, floor=2.0 ** -31),
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("axis_types", ["auto", "explicit"])
 def test_nnx_quantized_state_restores_onto_a_mesh_with_other_blocks(tmp_path, axis_types, bits):
-  """Moments saved on (2, 4) (kernel shards (128, 16)) restored on (4, 2) (shards
-  (64, 32)): the blocks differ, so they are re-tiled, listed, each decoded value within one
-  quantization step of the saved one, and training continues."""
+  """Moments saved on (2, 4) restored on (2, 2), 4 devices: the blocks differ (they fit the
+  shards of every mesh of as many devices), so they are re-tiled, listed, each decoded value
+  within one quantization step of the saved one, and training continues."""
   step_of = _STEP[bits]
   tx = shardopt.adamw(1e-2, state_bits=bits)
   shardings = lambda mesh: {"dense": {k: NamedSharding(mesh, s) for k, s in SPECS.items()}}
@@ -360,7 +364,7 @@ def test_nnx_quantized_state_restores_onto_a_mesh_with_other_blocks(tmp_path, ax
   assert len(saved) == 2  # the kernel's mu and nu
   with ck.CheckpointManager(tmp_path) as mngr:
     mngr.save(2, ck.nnx_checkpoint_state(model, optimizer))
-  new_model, new_optimizer = make(_mesh((4, 2), axis_types))
+  new_model, new_optimizer = make(_mesh((2, 2), axis_types))
   with ck.CheckpointManager(tmp_path) as mngr:
     restored = mngr.restore(ck.nnx_checkpoint_state(new_model, new_optimizer))
   assert sorted(restored.retiled) == ["optimizer.opt_state.0.mu.dense.kernel",

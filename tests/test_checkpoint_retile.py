@@ -131,10 +131,11 @@ def test_float_saved_on_one_mesh_restores_as_codes_where_the_target_quantizes(tm
   np.testing.assert_allclose(got_next["w"], want_next["w"], rtol=0, atol=1e-3)
 
 
-def _adamw_8bit(mesh_shape, zero):
+def _adamw_8bit(mesh_shape, zero, devices=None):
   """(opt, params) of 8-bit AdamW on a (256, 256) param split over 'model'
-  on its columns; ZeRO over 'data' where ``zero``."""
-  mesh = partitioning.make_mesh(mesh_shape)
+  on its columns; ZeRO over 'data' where ``zero``; on all devices or
+  ``devices``."""
+  mesh = partitioning.make_mesh(mesh_shape, devices=devices)
   shardings = partitioning.named_shardings(mesh, {"w": P(None, "model")})
   params = {"w": jax.random.normal(jax.random.key(0), (256, 256))}
   opt = shardopt.make_sharded_optimizer(shardopt.adamw(1e-2, state_bits=8), params, shardings,
@@ -144,8 +145,8 @@ def _adamw_8bit(mesh_shape, zero):
 
 def test_restore_subtree_restores_quantized_state_onto_another_mesh_as_restore_does(tmp_path):
   """The optimizer state alone (``restore_subtree(..., "opt_state")``),
-  saved on data=2,model=4 with ZeRO: onto data=8,model=1, whose blocks
-  differ, it is re-tiled and listed as a whole-state ``restore`` re-tiles
+  saved on data=2,model=4 with ZeRO: onto data=2,model=2 (4 devices), whose
+  blocks differ, it is re-tiled and listed as a whole-state ``restore`` re-tiles
   it (bit-equal to that), each value within one code step of the saved
   one; onto the saving mesh it is read bit for bit and nothing is listed."""
   opt, params = _adamw_8bit("data=2,model=4", zero=True)
@@ -155,7 +156,7 @@ def test_restore_subtree_restores_quantized_state_onto_another_mesh_as_restore_d
     mngr.save(1, {"params": params, "opt_state": state})
     mngr.wait_until_finished()
   saved = jax.device_get(state)
-  other, other_params = _adamw_8bit("data=8,model=1", zero=False)
+  other, other_params = _adamw_8bit("data=2,model=2", zero=False, devices=jax.devices()[:4])
   target = other.init.eval_shape(other_params)
   with ck.CheckpointManager(tmp_path, read_only=True) as mngr:
     alone = mngr.restore_subtree(target, "opt_state")
@@ -191,7 +192,7 @@ def test_reinit_keeps_the_targets_fresh_quantized_state_whose_blocks_differ(tmp_
   with ck.CheckpointManager(tmp_path) as mngr:
     mngr.save(1, {"params": params, "opt_state": state})
     mngr.wait_until_finished()
-  other, other_params = _adamw_8bit("data=8,model=1", zero=False)
+  other, other_params = _adamw_8bit("data=2,model=2", zero=False, devices=jax.devices()[:4])
   fresh = other.init(other_params)
   assert _moment(fresh, "mu").tile != _moment(state, "mu").tile
   with ck.CheckpointManager(tmp_path, read_only=True) as mngr:

@@ -497,6 +497,28 @@ def test_a_shard_smaller_than_a_block_gets_a_smaller_block():
   assert {l.tile for l in report.leaves} == {(16, 2, 4)}
 
 
+@pytest.mark.parametrize("kind", ["auto", "explicit"])
+@pytest.mark.parametrize("zero", [False, True], ids=["plain", "zero"])
+@pytest.mark.parametrize("bits", [8, 4])
+def test_blocks_are_the_same_on_every_mesh_of_as_many_devices(kind, zero, bits):
+  """LAYOUT's moments get the same tiles on (2, 4), (4, 2) and (8, 1) (on
+  (1, 8) 'model' would not divide its heads), and each tile divides the float moment's shard (as the sharding
+  layer lays float AdamW's state out there) on every one of those meshes:
+  no block straddles two devices on any of them."""
+  tiles = {}
+  for shape in [(2, 4), (4, 2), (8, 1)]:
+    mesh = _mesh(shape, kind=kind)
+    quantized = _sharded(shardopt.quantized_state(shardopt.adamw(1e-2), bits), mesh, zero)
+    state = quantized.init.eval_shape(_params(mesh))
+    tiles[shape] = {(moment, name): getattr(state[0], moment)[name].tile
+                    for moment in ("mu", "nu") for name in LAYOUT}
+    float_layout = _sharded(shardopt.adamw(1e-2), mesh, zero).state_shardings[0]
+    for (moment, name), tile in tiles[shape].items():
+      shard = getattr(float_layout, moment)[name].shard_shape(LAYOUT[name][0])
+      assert all(l % t == 0 for l, t in zip(shard, tile)), (shape, moment, name, shard, tile)
+  assert tiles[(2, 4)] == tiles[(4, 2)] == tiles[(8, 1)]
+
+
 def test_bad_arguments_say_what_to_do():
   with pytest.raises(ValueError, match="bits=3"):
     shardopt.quantized_state(shardopt.adam(0.1), bits=3)
@@ -655,7 +677,8 @@ def _decoded(state):
 def test_checkpoint_restores_onto_other_meshes(tmp_path, saved_on, restored_on):
   """Saved on (2, 4): onto (4, 2), (8, 1) and one device, Auto or Explicit
   axes on either side. Leaves whose blocks are the same there come back
-  bit-equal; the others are re-tiled, each decoded value within one
+  bit-equal (all of them on the meshes of 8 devices, whose blocks fit each
+  other's shards); the others are re-tiled, each decoded value within one
   quantization step, and listed."""
   state = _trained_state(_mesh(kind=saved_on), 4)
   saved = jax.device_get(state)
@@ -691,7 +714,7 @@ def test_checkpoint_restores_onto_other_meshes(tmp_path, saved_on, restored_on):
         np.testing.assert_array_equal(np.asarray(g.codes), w.codes)
         np.testing.assert_array_equal(np.asarray(g.scales), w.scales)
     assert len(set(restored.retiled)) + same_tiles == len(quantized)
-    assert restored.retiled  # blocks fitted to (2, 4)'s shards differ here
+    assert bool(restored.retiled) == (shape == (1, 1)), restored.retiled
 
 
 def test_checkpoint_restores_into_plain_unsharded_state(tmp_path):

@@ -11,10 +11,14 @@ its blocks inside one device's shard.
 axes; ``eval_shape_typed`` evaluates a function's output shapes on params
 typed with given specs on it; ``shard_shape`` is the shape of one device's
 piece of a traced array (its global shape when nothing types it: an Auto
-mesh, no mesh, or eager code); ``whole`` gathers an array an operation needs
-unsplit (an SVD) where Explicit axes split it, and ``laid_out_like`` puts a
-result back in the layout of the state it replaces.
+mesh, no mesh, or eager code) and ``finest_shard_shape`` the shortest piece
+of each dimension on any mesh of as many devices that splits the same
+dimensions; ``whole`` gathers an array an operation needs unsplit (an SVD)
+where Explicit axes split it, and ``laid_out_like`` puts a result back in
+the layout of the state it replaces.
 """
+
+import math
 
 import jax
 from jax.sharding import AbstractMesh
@@ -23,7 +27,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 __all__ = ["eval_shape_typed", "explicit_abstract_mesh", "explicit_sharding",
-           "laid_out_like", "shard_shape", "whole"]
+           "finest_shard_shape", "laid_out_like", "shard_shape",
+           "whole"]
 
 
 def explicit_abstract_mesh(mesh) -> AbstractMesh:
@@ -55,6 +60,24 @@ def shard_shape(x) -> tuple[int, ...]:
   if not isinstance(sharding, NamedSharding) or not sharding.mesh.axis_names:
     return tuple(aval.shape)
   return tuple(sharding.shard_shape(tuple(aval.shape)))
+
+
+def finest_shard_shape(x) -> tuple[int, ...]:
+  """Per dimension of a traced ``x``, the shortest piece one device can hold
+  on any mesh of as many devices whose axes split the same dimensions as
+  ``x``'s type does: ``length // gcd(length, devices)`` for a split
+  dimension (whatever the axes' sizes, an even split ``k`` divides both, so
+  this divides the piece of every such mesh, this one included), the whole
+  length for one no axis names; ``x``'s global shape where no Explicit axis
+  types it. A tile fitted to it is the same on (2, 4), (4, 2) and (8, 1)."""
+  aval = jax.typeof(x)
+  sharding = getattr(aval, "sharding", None)
+  if not isinstance(sharding, NamedSharding) or not sharding.mesh.axis_names:
+    return tuple(aval.shape)
+  devices = sharding.mesh.size
+  spec = tuple(sharding.spec) + (None,) * (aval.ndim - len(sharding.spec))
+  return tuple(length // math.gcd(length, devices) if names is not None
+               else length for length, names in zip(aval.shape, spec))
 
 
 def explicit_sharding(x) -> NamedSharding | None:

@@ -7,11 +7,11 @@ length the tile must divide), then from the dimensions before it.
 
 ``choose_tile(shape, block_size, fit)`` picks the tile so that ``tile[d]``
 divides ``fit[d]``, the shortest run of dimension ``d`` that one device can
-hold (its shard length; see ``fit_lengths``). A tile that divides every
+hold (``quantized_state`` passes the shortest on any mesh of its device
+count: ``typed_layouts.finest_shard_shape``). A tile that divides every
 shard length never straddles a shard boundary, so quantizing and
-dequantizing need no communication. Because the tile is a property of the
-global array, a quantized state restores onto any mesh bit-exactly (on a
-mesh whose shards cut tiles XLA moves the data it needs; nothing changes).
+dequantizing need no communication, and the same tile fits every mesh that
+cuts the array no finer.
 
 Each block stores one ``float32`` scale, the largest finite ``|x|`` of the
 block (block-wise absmax, Dettmers et al. 2021), and one code per element
@@ -36,7 +36,6 @@ __all__ = [
     "BlockCodes",
     "choose_tile",
     "dequantize",
-    "fit_lengths",
     "quantize",
 ]
 
@@ -48,24 +47,6 @@ class BlockCodes(NamedTuple):
 
   codes: jax.Array  # uint8 code indices (4 bits: two per byte along one dim)
   scales: jax.Array  # float32 absmax per block: the leaf's shape / tile
-
-
-def fit_lengths(shape, spec_lengths=None, extra_split: int = 1,
-                free=None) -> tuple[int, ...]:
-  """Per dimension, the length every tile must divide.
-
-  Args:
-    shape: the leaf's (global) shape.
-    spec_lengths: its shard shape on the mesh, or None for unsharded.
-    extra_split: a further split (ZeRO's axis size) that any dimension in
-      ``free`` may receive.
-    free: dimensions not already sharded (ZeRO may choose any of them).
-  """
-  lengths = list(spec_lengths if spec_lengths is not None else shape)
-  for d in free or ():
-    if lengths[d] % extra_split == 0:
-      lengths[d] //= extra_split
-  return tuple(lengths)
 
 
 def choose_tile(shape, block_size: int, fit) -> tuple[int, ...] | None:

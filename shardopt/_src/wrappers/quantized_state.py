@@ -13,6 +13,9 @@ Blocks are tiles of the global array fitted, when ``init`` is traced with
 the params typed by their layout (as ``shardopt.make_sharded_optimizer``
 and ``shardopt.state_shardings`` do, ZeRO included), inside one device's
 shard of the moment: quantizing and decoding then need no communication.
+Where a block of at least half ``block_size`` fits the shard of every mesh
+of as many devices that splits the same dimensions, the blocks are fitted
+to all of them, so a checkpoint moved between such meshes keeps its blocks.
 Which param a moment belongs to comes from the stand-in trace of
 ``shardopt._src.ownership``, the same the sharding layer uses.
 """
@@ -65,6 +68,18 @@ class _Decision(NamedTuple):
   bits: int
 
 
+def _largest_tile(shape, most: int, least: int, fit):
+  """The tile of the largest power-of-two fraction of ``most`` elements, at
+  least ``least``, whose lengths divide ``fit``; None if there is none."""
+  size = most
+  while size >= least:
+    tile = blocks.choose_tile(shape, size, fit)
+    if tile is not None:
+      return tile
+    size //= 2
+  return None
+
+
 def _is_float(x) -> bool:
   return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)
 
@@ -79,17 +94,24 @@ class _Quantizer:
     self.code = code
 
   def _tile(self, leaf) -> tuple[tuple[int, ...] | None, str]:
-    """The largest tile of at most ``block_size`` (and at least
-    ``_SMALLEST_BLOCK``) elements inside the leaf's shard, or why none."""
+    """The tile of a moment, or why none: the largest of at most
+    ``block_size`` elements inside its shard on every mesh of as many
+    devices that splits the same dimensions (a checkpoint moved between
+    them keeps its blocks), where one of at least half ``block_size`` is;
+    else the largest, down to ``_SMALLEST_BLOCK``, inside this mesh's
+    shard."""
+    portable = _largest_tile(leaf.shape, self.block_size,
+                             max(self.block_size // 2, 1),
+                             typed_layouts.finest_shard_shape(leaf))
+    if portable is not None:
+      return portable, ""
     fit = typed_layouts.shard_shape(leaf)
-    size = self.block_size
-    while size >= min(_SMALLEST_BLOCK, self.block_size):
-      tile = blocks.choose_tile(leaf.shape, size, fit)
-      if tile is not None:
-        return tile, ""
-      size //= 2
-    return None, (f"no tile of {min(_SMALLEST_BLOCK, self.block_size)} to "
-                  f"{self.block_size} elements divides its shard {fit}")
+    smallest = min(_SMALLEST_BLOCK, self.block_size)
+    tile = _largest_tile(leaf.shape, self.block_size, smallest, fit)
+    if tile is not None:
+      return tile, ""
+    return None, (f"no tile of {smallest} to {self.block_size} elements "
+                  f"divides its shard {fit}")
 
   def decide(self, state, params) -> list[_Decision | None]:
     """Per leaf of ``inner``'s state: how it is stored (None: not a float
