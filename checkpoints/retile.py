@@ -4,8 +4,8 @@
 one device's shard, on every mesh of its device count where it can, so the
 same state saved on one mesh may have other tiles, hence other code and
 scale shapes, than the restore target built for another mesh (of another
-device count, rules or ZeRO setting); or be codes on one mesh and float on the other (no tile fits
-the other mesh's shard). ``saved_tiles`` gives, for every target leaf saved
+device count, rules or ZeRO setting); or be codes on one mesh and float on
+the other (no tile fits the other mesh's shard). ``saved_tiles`` gives, for every target leaf saved
 in another form, a stand-in of the saved form (read in the target's layout
 where it divides it, else whole on every device); ``retile`` then brings
 each one to the target's form in the target's shardings: codes re-encoded
