@@ -482,6 +482,11 @@ def test_a_shard_no_tile_fits_stays_float32_and_is_reported():
   state = opt.init(jax.device_put(params, shardings))
   assert state[0].mu["w"].dtype == jnp.float32
   assert isinstance(state[0].mu["v"], shardopt.QuantizedArray)
+  # The plan says so too, with the same reasons.
+  assert opt.plan.float_fallbacks == report.fallbacks
+  assert "\n  [0].nu['w']  (3, 64)  float32: no tile of 32 to 256" in str(opt.plan)
+  assert shardopt.make_sharded_optimizer(shardopt.adam(0.1), params,
+                                         shardings).plan.float_fallbacks == ()
 
 
 def test_a_shard_smaller_than_a_block_gets_a_smaller_block():

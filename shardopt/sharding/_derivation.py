@@ -43,7 +43,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shardopt._src.ownership import state_owners
+from shardopt._src.quantization.report import QuantizedLeaf
 from shardopt._src.typed_layouts import eval_shape_typed
+from shardopt._src.wrappers import quantized_state as _quantized
 from shardopt.sharding._boundary import check_param_shardings
 from shardopt.sharding._specs import device_bytes as _device_bytes
 from shardopt.sharding._specs import entry_size
@@ -93,6 +95,9 @@ class StatePlan(NamedTuple):
   # dimension its state is split on.
   update_shardings: Any = None
   axis_size: int | None = None  # the size of ``axis`` on the mesh
+  # Moments a ``quantized_state`` inside the transformation keeps in float
+  # because no block fits their shard here (paths in its inner state).
+  float_fallbacks: tuple[QuantizedLeaf, ...] = ()
 
   @property
   def zero_splits_nothing(self) -> bool:
@@ -147,6 +152,11 @@ class StatePlan(NamedTuple):
       zero = f"  zero: {l.zero}" if l.zero else ""
       lines.append(f"  {l.path:<{width}}  {l.shape!s:<14} {l.dtype!s:<8} "
                    f"{l.spec}{origin}{zero}")
+    if self.float_fallbacks:
+      lines.append("quantized_state keeps these moments in float (paths in "
+                   "its inner state):")
+      lines += [f"  {l.path}  {l.shape}  {l.stored}: {l.reason}"
+                for l in self.float_fallbacks]
     return "\n".join(lines)
 
 
@@ -227,7 +237,8 @@ def plan_state_shardings(tx, params, param_shardings, *,
                                          _largest_leaf_bytes(*owned, len(param_leaves)))]
   update_specs = [_update_spec(spec, zero, shard_state_over)
                   for spec, zero in zip(spec_leaves, zeros)]
-  state = _abstract_state(tx, params, update_specs, params_def, mesh)
+  state, float_fallbacks = _abstract_state(tx, params, update_specs,
+                                           params_def, mesh)
   state_leaves, state_def = jax.tree_util.tree_flatten_with_path(state)
   same_tree = owned is not None and jax.tree.structure(owned[0]) == state_def
   owners = owned[1] if same_tree else state_owners(tx.init, params, state)
@@ -254,7 +265,8 @@ def plan_state_shardings(tx, params, param_shardings, *,
       params_def, [NamedSharding(mesh, spec) for spec in update_specs])
   return StatePlan(shardings, tuple(plans), shard_state_over, under,
                    min_shard_bytes, update_shardings,
-                   None if shard_state_over is None else mesh.shape[shard_state_over])
+                   None if shard_state_over is None else mesh.shape[shard_state_over],
+                   float_fallbacks)
 
 
 def _owned_state(tx, params):
@@ -320,23 +332,28 @@ def _param_specs(params, param_shardings) -> list[P]:
 
 def _abstract_state(tx, params, spec_leaves, params_def, mesh):
   """``tx.init`` traced on params typed with ``spec_leaves`` (their update
-  layout). An init that cannot be traced so, but can on untyped params,
-  gets replicated state and a warning; one that fails either way raises
-  the untyped trace's error."""
+  layout), and the moments a ``quantized_state`` in it keeps in float for
+  want of a block that fits (``_quantized.fallbacks``). An init that cannot
+  be traced so, but can on untyped params, gets replicated state and a
+  warning; one that fails either way raises the untyped trace's error."""
   specs = jax.tree.unflatten(params_def, spec_leaves)
-  try:
-    return eval_shape_typed(tx.init, params, specs, mesh)
-  except Exception as err:  # noqa: BLE001 (the untyped trace decides)
-    typed_error = err
-  unsharded = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype),
-                           params)
-  state = jax.eval_shape(tx.init, unsharded)
+  init = lambda p: tx.init(p)  # a new function: traced, so quantizers report
+  with _quantized.collecting_reports() as reports:
+    try:
+      return (eval_shape_typed(init, params, specs, mesh),
+              _quantized.fallbacks(reports))
+    except Exception as err:  # noqa: BLE001 (the untyped trace decides)
+      typed_error = err
+    reports.clear()
+    unsharded = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype),
+                             params)
+    state = jax.eval_shape(init, unsharded)
   warnings.warn(
       f"tx.init cannot be traced on the params' shardings ({typed_error}); "
       "its whole state is laid out replicated. Build state with "
       "sharding-preserving ops (zeros_like, reductions of the param) to "
       "have it sharded.", ReplicatedStateWarning, stacklevel=3)
-  return state
+  return state, _quantized.fallbacks(reports)
 
 
 def _plan_leaf(path, leaf, param, zero, param_path, mesh, axis,

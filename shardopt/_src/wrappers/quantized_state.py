@@ -373,13 +373,23 @@ def _python_int(name: str, value) -> int | None:
 
 
 @contextlib.contextmanager
-def _collecting():
+def collecting_reports():
+  """A list that every ``quantized_state`` whose ``init`` is traced inside
+  this context adds ``(bits, rows)`` of its report to (a cached trace adds
+  nothing: trace a new function)."""
   reports: list[tuple[int, list[QuantizedLeaf]]] = []
   token = _REPORT.set(reports)
   try:
     yield reports
   finally:
     _REPORT.reset(token)
+
+
+def fallbacks(reports) -> tuple[QuantizedLeaf, ...]:
+  """The moments that ``collecting_reports``' ``reports`` keep in float
+  because no block fits their shard."""
+  return tuple(row for _, rows in reports
+               for row in QuantizedStateReport(0, tuple(rows)).fallbacks)
 
 
 def describe_quantized_state(tx, params, param_shardings: Any = None
@@ -399,7 +409,7 @@ def describe_quantized_state(tx, params, param_shardings: Any = None
     state, its code book and tile, or why it stays in float.
   """
   init = lambda p: tx.init(p)  # a new function: never a cached trace
-  with _collecting() as reports:
+  with collecting_reports() as reports:
     if param_shardings is None:
       jax.eval_shape(init, params)
     else:
