@@ -9,8 +9,8 @@ optax 0.2.8's deprecated names (``tree_l1_norm``, ``tree_l2_norm``,
 as optax serves them: on access, after a ``DeprecationWarning``.
 """
 
-import functools
-import warnings
+import functools as _functools
+import warnings as _warnings
 
 from shardopt._src.tree_dtypes_random import tree_dtype
 from shardopt._src.tree_dtypes_random import tree_random_like
@@ -62,10 +62,10 @@ __all__ = [
 
 # Deprecated name -> (its replacement, as the warning names it; the function).
 _DEPRECATED = {
-    "tree_l1_norm": ("tree_norm(..., ord=1)", functools.partial(tree_norm, ord=1)),
-    "tree_l2_norm": ("tree_norm", functools.partial(tree_norm, ord=2)),
+    "tree_l1_norm": ("tree_norm(..., ord=1)", _functools.partial(tree_norm, ord=1)),
+    "tree_l2_norm": ("tree_norm", _functools.partial(tree_norm, ord=2)),
     "tree_linf_norm": ("tree_norm(..., ord=jnp.inf)",
-                       functools.partial(tree_norm, ord="inf")),
+                       _functools.partial(tree_norm, ord="inf")),
     "tree_scalar_mul": ("tree_scale", tree_scale),
     "tree_add_scalar_mul": ("tree_add_scale", tree_add_scale),
 }
@@ -76,7 +76,7 @@ def __getattr__(name):
   if name not in _DEPRECATED:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
   replacement, fn = _DEPRECATED[name]
-  warnings.warn(f"shardopt.tree_utils.{name} is deprecated (as in optax "
+  _warnings.warn(f"shardopt.tree_utils.{name} is deprecated (as in optax "
                 f"0.2.8): use shardopt.tree_utils.{replacement}.",
                 DeprecationWarning, stacklevel=2)
   return fn

@@ -71,6 +71,9 @@ def test_namespaces_export_no_private_helpers(namespace):
   assert all(not n.startswith("_") for n in module.__all__)
   assert set(module.__all__) == {n for n in dir(module) if not n.startswith("_")
                                  and not inspect.ismodule(getattr(module, n))}
+  foreign = [n for n in dir(module) if not n.startswith("_") and inspect.ismodule(
+      getattr(module, n)) and not getattr(module, n).__name__.startswith("shardopt.")]
+  assert not foreign, foreign  # e.g. an ``import functools`` left public
 
 
 @pytest.mark.parametrize("name", ["dpsgd", "differentially_private_aggregate",
