@@ -126,10 +126,10 @@ from shardopt._src.wrappers.multi_steps import (
     apply_every, ApplyEvery, MultiSteps, MultiStepsState, ShouldSkipUpdateFunction,
 )
 from shardopt._src.moments import declare_moments
+from shardopt._src.quantization.quantized_array import QuantizedArray
 from shardopt._src.quantization.quantized_array import retile as retile_quantized
-from shardopt._src.wrappers.quantized_state import (
-    describe_quantized_state, QuantizedArray, QuantizedStateReport, quantized_state,
-)
+from shardopt._src.quantization.report import describe_quantized_state, QuantizedStateReport
+from shardopt._src.wrappers.quantized_state import quantized_state
 
 # Line searches
 from shardopt._src.linesearch.backtracking import (

@@ -7,12 +7,12 @@ with those shardings, and ``ShardedOptimizer.train_step`` compiles a whole
 training step (loss, gradients, update) as one program. optax has no counterpart of this namespace.
 """
 
-from shardopt.sharding._derivation import LeafPlan
-from shardopt.sharding._derivation import ReplicatedStateWarning
-from shardopt.sharding._derivation import StatePlan
 from shardopt.sharding._derivation import plan_state_shardings
 from shardopt.sharding._derivation import state_shardings
 from shardopt.sharding._layouts import in_layout
+from shardopt.sharding._plan import LeafPlan
+from shardopt.sharding._plan import ReplicatedStateWarning
+from shardopt.sharding._plan import StatePlan
 from shardopt.sharding._step import ShardedInit
 from shardopt.sharding._step import ShardedOptimizer
 from shardopt.sharding._step import ShardedUpdate

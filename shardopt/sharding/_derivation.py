@@ -17,25 +17,19 @@ state is split on; the params are typed in that *update layout* (their spec
 plus the ZeRO axis) when ``init`` is traced, so the state built from them
 comes out split with them, and the sharded step hands ``tx.update`` the
 gradients and params in the same layout (``StatePlan.update_shardings``).
-The plan says, leaf by leaf, what was split and why the rest could not be;
-the large leaves left out are listed in ``zero_skipped`` and warned about.
+The plan (``_plan``) says, leaf by leaf, what was split and why the rest
+could not be; the large leaves left out are listed in ``zero_skipped`` and
+warned about.
 
 Which state leaf belongs to which param: by the stand-in trace of
 ``shardopt._src.ownership`` (a structural prefix match only where that
 trace cannot run). A derived leaf with its param's shape *mirrors* it. A
-leaf that lacks one of its param's mesh axes is reported with a
-``ReplicatedStateWarning`` (never silently) where that costs memory: a
-mirror (state built from a bare shape), or any leaf holding more elements
-per device than its param (Shampoo's block statistics where the block grid
-does not divide over an axis, a replicated statistic larger than a shard).
-The warning names the leaf, its param, the spec it got, the axes lost and
-what keeps it split. Statistics small by design (Adafactor's rows and
-columns, per-param scalars) are not reported.
+leaf less sharded than its param is reported with a
+``ReplicatedStateWarning`` (never silently) where that costs memory
+(``_under_sharded`` says which leaves and what keeps them split).
 """
 
 import math
-from typing import Any
-from typing import NamedTuple
 import warnings
 
 import jax
@@ -43,125 +37,22 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shardopt._src.ownership import state_owners
-from shardopt._src.quantization.report import QuantizedLeaf
+from shardopt._src.quantization import report as _quantized
 from shardopt._src.typed_layouts import eval_shape_typed
-from shardopt._src.wrappers import quantized_state as _quantized
 from shardopt.sharding._boundary import check_param_shardings
+from shardopt.sharding._plan import LeafPlan
+from shardopt.sharding._plan import ReplicatedStateWarning
+from shardopt.sharding._plan import StatePlan
 from shardopt.sharding._specs import device_bytes as _device_bytes
-from shardopt.sharding._specs import entry_size
 from shardopt.sharding._specs import full_spec as _full_spec
-from shardopt.sharding._specs import spec_axes as _axes
+from shardopt.sharding._under_sharded import lost_parts
+from shardopt.sharding._under_sharded import under_sharded_message
 from shardopt.sharding._zero import DEFAULT_MIN_SHARD_BYTES
 from shardopt.sharding._zero import ParamZero
 from shardopt.sharding._zero import leaf_zero
 from shardopt.sharding._zero import param_zero
 
-__all__ = [
-    "LeafPlan",
-    "ReplicatedStateWarning",
-    "StatePlan",
-    "plan_state_shardings",
-    "state_shardings",
-]
-
-
-class ReplicatedStateWarning(UserWarning):
-  """State that should follow its param's sharding but does not."""
-
-
-class LeafPlan(NamedTuple):
-  """How one state leaf is laid out, and why."""
-
-  path: str  # the leaf's path in the state, as ``jax.tree_util.keystr``
-  shape: tuple[int, ...]
-  dtype: Any
-  spec: P  # one entry per dimension
-  param: str | None  # path of the param it derives from, if any
-  mirrors: bool  # derives from ``param`` and has its shape
-  zero: str  # ZeRO outcome: "dim k", a reason it was not sharded, or ""
-  device_bytes: int  # bytes of this leaf resident on each device
-
-
-class StatePlan(NamedTuple):
-  """Derived state shardings plus a printable per-leaf report."""
-
-  shardings: Any  # NamedSharding tree with the structure of tx.init(params)
-  leaves: tuple[LeafPlan, ...]
-  axis: str | None  # the ZeRO axis, if one was asked for
-  under_sharded: tuple[str, ...]  # derived leaves less sharded than their param
-  min_shard_bytes: int = DEFAULT_MIN_SHARD_BYTES  # ZeRO leaves smaller alone
-  # Per param (the params' tree): the layout ``tx.update`` sees the param and
-  # its gradient in, the param's sharding plus the ZeRO axis on the
-  # dimension its state is split on.
-  update_shardings: Any = None
-  axis_size: int | None = None  # the size of ``axis`` on the mesh
-  # Moments a ``quantized_state`` inside the transformation keeps in float
-  # because no block fits their shard here (paths in its inner state).
-  float_fallbacks: tuple[QuantizedLeaf, ...] = ()
-
-  @property
-  def zero_splits_nothing(self) -> bool:
-    """ZeRO was asked for over an axis of size 1, which splits nothing."""
-    return self.axis is not None and self.axis_size == 1
-
-  @property
-  def zero_sharded(self) -> tuple[LeafPlan, ...]:
-    """Leaves that ZeRO sharded over ``axis``."""
-    return tuple(l for l in self.leaves if l.zero.startswith("dim "))
-
-  @property
-  def zero_skipped(self) -> tuple[LeafPlan, ...]:
-    """Leaves of at least ``min_shard_bytes`` (scalars aside) that ZeRO did
-    not shard over ``axis``; ``zero`` says why."""
-    return tuple(
-        l for l in self.leaves if self.axis and l.shape
-        and not l.zero.startswith("dim ")
-        and _nbytes(l) >= self.min_shard_bytes)
-
-  @property
-  def bytes_per_device(self) -> int:
-    """Bytes of the whole state resident on each device."""
-    return sum(l.device_bytes for l in self.leaves)
-
-  def warn_zero_skipped(self, stacklevel: int = 1) -> None:
-    """Warns, listing the mirrors ZeRO could not shard and why, if any
-    (not where the ZeRO axis has size 1: ``plan_state_shardings`` warned
-    about that once)."""
-    if self.zero_skipped and not self.zero_splits_nothing:
-      warnings.warn(
-          f"shard_state_over={self.axis!r} left these state leaves as they were "
-          "(not sharded over it by ZeRO): " + "; ".join(f"{l.path} ({l.zero})"
-                                  for l in self.zero_skipped),
-          ReplicatedStateWarning, stacklevel=stacklevel + 1)
-
-  def __str__(self) -> str:
-    head = (f"state sharding plan: {len(self.leaves)} leaves, "
-            f"{self.bytes_per_device:,} bytes per device")
-    if self.zero_splits_nothing:
-      head += (f"; ZeRO over {self.axis!r}: the axis has size 1, so no leaf is split"
-               " (bytes per device as without ZeRO)")
-    elif self.axis:
-      mirrors = sum(l.mirrors for l in self.zero_skipped)
-      head += (f"; ZeRO over {self.axis!r}: {len(self.zero_sharded)} sharded,"
-               f" {mirrors} mirrors not, {len(self.zero_skipped) - mirrors}"
-               f" other leaves >= {self.min_shard_bytes} bytes not")
-    width = max([len(l.path) for l in self.leaves] + [4])
-    lines = [head]
-    for l in self.leaves:
-      origin = f" <- params{l.param}" if l.param is not None else ""
-      zero = f"  zero: {l.zero}" if l.zero else ""
-      lines.append(f"  {l.path:<{width}}  {l.shape!s:<14} {l.dtype!s:<8} "
-                   f"{l.spec}{origin}{zero}")
-    if self.float_fallbacks:
-      lines.append("quantized_state keeps these moments in float (paths in "
-                   "its inner state):")
-      lines += [f"  {l.path}  {l.shape}  {l.stored}: {l.reason}"
-                for l in self.float_fallbacks]
-    return "\n".join(lines)
-
-
-def _nbytes(leaf: LeafPlan) -> int:
-  return math.prod(leaf.shape) * getattr(leaf.dtype, "itemsize", 0)
+__all__ = ["plan_state_shardings", "state_shardings"]
 
 
 def state_shardings(tx, params, param_shardings, *, shard_state_over=None,
@@ -251,13 +142,13 @@ def plan_state_shardings(tx, params, param_shardings, *,
                  None if owner is None else param_paths[owner],
                  mesh, shard_state_over, min_shard_bytes)
       for (path, leaf), owner in zip(state_leaves, owners)]
-  lost = [(pl, owner, _lost_parts(pl, param_leaves[owner], spec_leaves[owner], mesh))
+  lost = [(pl, owner, lost_parts(pl, param_leaves[owner], spec_leaves[owner], mesh))
           for pl, owner in zip(plans, owners) if owner is not None]
   lost = [(pl, owner, found) for pl, owner, found in lost if found]
   under = tuple(pl.path for pl, _, _ in lost)
   if lost:
-    warnings.warn(_under_sharded_message(lost, param_leaves, spec_leaves,
-                                         param_paths, mesh),
+    warnings.warn(under_sharded_message(lost, param_leaves, spec_leaves,
+                                        param_paths, mesh),
                   ReplicatedStateWarning, stacklevel=2)
   shardings = jax.tree.unflatten(
       state_def, [NamedSharding(mesh, pl.spec) for pl in plans])
@@ -372,76 +263,3 @@ def _plan_leaf(path, leaf, param, zero, param_path, mesh, axis,
       spec = P(*entries)
   return LeafPlan(path, tuple(leaf.shape), leaf.dtype, spec, param_path,
                   mirrors, outcome, _device_bytes(leaf, spec, mesh))
-
-
-class _Lost(NamedTuple):
-  """How much of its param's layout a state leaf lost."""
-
-  axes: tuple[str, ...]  # the param's mesh axes the leaf does not use
-  parts: int  # into how many parts the leaf is split
-  param_parts: int  # into how many parts its param is split
-  elements: int  # the leaf's elements per device
-  param_elements: int  # its param's elements per device
-
-
-def _parts(spec, mesh) -> int:
-  return math.prod(mesh.shape[a] for a in _axes(spec))
-
-
-def _lost_parts(plan: LeafPlan, param, param_spec, mesh) -> _Lost | None:
-  """What ``plan``'s leaf lost of its param's layout, where it matters; None
-  where it lost nothing or nothing that matters.
-
-  A leaf matters when it lacks one of its param's mesh axes and is a mirror
-  (its param's shape), or holds more elements per device than its param
-  does (a leaf of at least its param's size split into fewer parts than the
-  param, e.g. Shampoo's block statistics whose block grid the param's axes
-  do not divide, or a replicated statistic larger than a shard). State that
-  is small by design (Adafactor's row/column statistics, SM3's covers,
-  per-param scalars) holds fewer elements per device than its param and
-  is not reported.
-  """
-  axes = tuple(sorted(a for a in _axes(param_spec) - _axes(plan.spec) if mesh.shape[a] > 1))
-  if not axes:
-    return None
-  parts, param_parts = _parts(plan.spec, mesh), _parts(param_spec, mesh)
-  lost = _Lost(axes, parts, param_parts, -(-math.prod(plan.shape) // parts),
-               -(-math.prod(param.shape) // param_parts))
-  return lost if plan.mirrors or lost.elements > lost.param_elements else None
-
-
-def _shard_shape(shape, spec, mesh) -> tuple[int, ...]:
-  return tuple(-(-d // entry_size(mesh, e)) for d, e in zip(shape, spec))
-
-
-def _under_sharded_message(lost, param_leaves, spec_leaves, param_paths,
-                           mesh) -> str:
-  """One line per leaf (the param, the spec it got, the parts lost) and per
-  param what keeps its state split."""
-  lines, hints = [], {}
-  for pl, owner, l in lost:
-    param, spec = param_leaves[owner], spec_leaves[owner]
-    axes = ", ".join(f"{a!r}={mesh.shape[a]}" for a in l.axes)
-    lines.append(
-        f"  {pl.path} {pl.shape} of params{param_paths[owner]} "
-        f"{tuple(param.shape)} {spec}: got {pl.spec}, without {axes}: split "
-        f"into {l.parts} parts where its param is split into {l.param_parts}, "
-        f"{l.elements} elements per device where its param has "
-        f"{l.param_elements} ({l.elements / max(l.param_elements, 1):.2g}x)")
-    shard = _shard_shape(param.shape, spec, mesh)
-    split = [n for n, e in zip(shard, spec) if e is not None]
-    block = math.gcd(*split) if split else None
-    hints[owner] = (
-        f"  params{param_paths[owner]}: each device holds a {shard} shard"
-        + (f"; if its state is built in blocks, a block_size dividing its split"
-           f" dimensions (e.g. {block}) keeps each block on one device"
-           if block and block > 1 else ""))
-  return (
-      "these optimizer-state leaves are less sharded than the param they "
-      "derive from, so each device holds more of them than its share:\n"
-      + "\n".join(lines)
-      + "\nTo keep them split: state built from a bare shape "
-      "(jnp.zeros(p.shape)) loses its param's layout, build it with "
-      "jnp.zeros_like(p); state built in blocks (Shampoo's and SOAP's "
-      "block_size) is split only where the blocks tile each shard:\n"
-      + "\n".join(hints.values()))

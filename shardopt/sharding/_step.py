@@ -44,7 +44,6 @@ from shardopt._src.base import with_extra_args_support
 from shardopt.sharding._boundary import check_grads
 from shardopt.sharding._boundary import check_live
 from shardopt.sharding._boundary import explained_rejection
-from shardopt.sharding._derivation import StatePlan
 from shardopt.sharding._derivation import plan_state_shardings
 from shardopt.sharding._layouts import mesh_of
 from shardopt.sharding._layouts import typed
@@ -54,6 +53,7 @@ from shardopt.sharding._layouts import update_in_layout
 from shardopt.sharding._memory import in_memory
 from shardopt.sharding._memory import to_device
 from shardopt.sharding._memory import to_home
+from shardopt.sharding._plan import StatePlan
 from shardopt.sharding._train_step import TrainStep
 from shardopt.sharding._train_step import make_train_step
 from shardopt.sharding._zero import DEFAULT_MIN_SHARD_BYTES

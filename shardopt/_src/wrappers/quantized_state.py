@@ -6,82 +6,27 @@ that have their param's shape as ``QuantizedArray``s: ``uint8`` codes plus
 one ``float32`` scale per block. ``update`` decodes them, runs ``tx.update``
 in float and encodes the new moments with the same blocks. Everything else
 (counters, iterates, copies of params, previous gradients, accumulators,
-factored statistics) stays as ``tx`` keeps it; ``describe_quantized_state``
-lists every float leaf with what happened to it and why.
-
-Blocks are tiles of the global array fitted, when ``init`` is traced with
-the params typed by their layout (as ``shardopt.make_sharded_optimizer``
-and ``shardopt.state_shardings`` do, ZeRO included), inside one device's
-shard of the moment: quantizing and decoding then need no communication.
-Where a block of at least half ``block_size`` fits the shard of every mesh
-of as many devices that splits the same dimensions, the blocks are fitted
-to all of them, so a checkpoint moved between such meshes keeps its blocks.
-Which param a moment belongs to comes from the stand-in trace of
-``shardopt._src.ownership``, the same the sharding layer uses.
+factored statistics) stays as ``tx`` keeps it. Which leaves are quantized,
+in which blocks (tiles fitted inside one device's shard) and why the rest
+stay in float: ``shardopt._src.quantization.decisions``; the report of it
+(``describe_quantized_state``): ``shardopt._src.quantization.report``.
 """
 
-import contextlib
-import contextvars
 import numbers
-from typing import Any
-from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 
 from shardopt._src import base
 from shardopt._src import moments
-from shardopt._src import ownership
 from shardopt._src import state_structure
-from shardopt._src import typed_layouts
-from shardopt._src.quantization import blocks
 from shardopt._src.quantization import codes
+from shardopt._src.quantization import decisions as decisions_lib
 from shardopt._src.quantization import quantized_array as qa
-from shardopt._src.quantization.quantized_array import QuantizedArray
-from shardopt._src.quantization.report import QuantizedLeaf
-from shardopt._src.quantization.report import QuantizedStateReport
+from shardopt._src.quantization import report as report_lib
 
-__all__ = [
-    "QuantizedArray",
-    "QuantizedLeaf",
-    "QuantizedStateReport",
-    "describe_quantized_state",
-    "quantized_state",
-]
+__all__ = ["quantized_state"]
 
 _DEFAULT_BLOCK_SIZE = {8: 256, 4: 128}
-_SMALLEST_BLOCK = 32
-
-# While ``describe_quantized_state`` traces ``init``: each quantizer adds
-# ``(bits, rows)`` of its report.
-_REPORT: contextvars.ContextVar[list | None] = contextvars.ContextVar(
-    "quantized_state_report", default=None)
-
-
-class _Decision(NamedTuple):
-  """How one float state leaf is stored: ``tile`` (None: kept) and
-  ``bits``, and why it is kept or wider than asked (else "")."""
-
-  tile: tuple[int, ...] | None
-  signed: bool
-  reason: str
-  bits: int
-
-
-def _largest_tile(shape, most: int, least: int, fit):
-  """The tile of the largest power-of-two fraction of ``most`` elements, at
-  least ``least``, whose lengths divide ``fit``; None if there is none."""
-  size = most
-  while size >= least:
-    tile = blocks.choose_tile(shape, size, fit)
-    if tile is not None:
-      return tile
-    size //= 2
-  return None
-
-
-def _is_float(x) -> bool:
-  return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)
 
 
 class _Quantizer:
@@ -92,61 +37,6 @@ class _Quantizer:
     self.inner = base.with_extra_args_support(inner)
     self.bits, self.block_size, self.min_size = bits, block_size, min_size
     self.code = code
-
-  def _tile(self, leaf) -> tuple[tuple[int, ...] | None, str]:
-    """The tile of a moment, or why none: the largest of at most
-    ``block_size`` elements inside its shard on every mesh of as many
-    devices that splits the same dimensions (a checkpoint moved between
-    them keeps its blocks), where one of at least half ``block_size`` is;
-    else the largest, down to ``_SMALLEST_BLOCK``, inside this mesh's
-    shard."""
-    portable = _largest_tile(leaf.shape, self.block_size,
-                             max(self.block_size // 2, 1),
-                             typed_layouts.finest_shard_shape(leaf))
-    if portable is not None:
-      return portable, ""
-    fit = typed_layouts.shard_shape(leaf)
-    smallest = min(_SMALLEST_BLOCK, self.block_size)
-    tile = _largest_tile(leaf.shape, self.block_size, smallest, fit)
-    if tile is not None:
-      return tile, ""
-    return None, (f"no tile of {smallest} to {self.block_size} elements "
-                  f"divides its shard {fit}")
-
-  def decide(self, state, params) -> list[_Decision | None]:
-    """Per leaf of ``inner``'s state: how it is stored (None: not a float
-    array, nothing to report; a float scalar is kept and reported)."""
-    kinds = moments.leaf_kinds(state, params)
-    owners = ownership.state_owners(self.inner.init, params, state)
-    param_shapes = [tuple(p.shape) for p in jax.tree.leaves(params)]
-    decisions = []
-    for leaf, kind, owner in zip(jax.tree.leaves(state), kinds, owners):
-      if not _is_float(leaf):
-        decisions.append(None)
-        continue
-      signed, bits = self._code(kind)
-      if kind.kind is None:
-        reason = (f"{kind.kept} ({kind.field})" if kind.kept else
-                  f"not a declared moment ({kind.field or 'no state class'})")
-      elif owner is None or tuple(leaf.shape) != param_shapes[owner]:
-        reason = f"a moment not shaped like its param ({kind.field})"
-      elif not leaf.shape:
-        reason = f"a scalar moment ({kind.field}): no block to quantize"
-      elif leaf.size < self.min_size:
-        reason = f"{leaf.size} elements < min_size={self.min_size}"
-      else:
-        tile, reason = self._tile(leaf)
-        if tile is not None and bits > self.bits:
-          reason = f"{bits} bits: {kind.field} declares min_bits={bits}"
-        decisions.append(_Decision(tile, signed, reason, bits))
-        continue
-      decisions.append(_Decision(None, signed, reason, self.bits))
-    return decisions
-
-  def _code(self, kind: moments.LeafKind) -> tuple[bool, int]:
-    """A declared moment's code: signed (else non-negative) and its width,
-    at least the ``min_bits`` it declares."""
-    return kind.kind != moments.NONNEGATIVE, max(self.bits, kind.min_bits)
 
   def _conformed(self, state, template, params):
     """``state`` as this wrapper stores it where a holder of the state
@@ -167,7 +57,7 @@ class _Quantizer:
       key = state_structure.path_names(path)
       if is_leaf(leaf) or key + ("codes",) not in stored:
         return leaf
-      signed, bits = self._code(kinds[key])
+      signed, bits = decisions_lib.moment_code(kinds[key], self.bits)
       return qa.QuantizedArray(stored[key + ("codes",)],
                                stored[key + ("scales",)], tuple(leaf.shape),
                                bits, signed, self.code)
@@ -180,7 +70,8 @@ class _Quantizer:
     state = self.inner.init(params)
     self._refuse_quantized(state)
     leaves, treedef = jax.tree.flatten(state)
-    decisions = self.decide(state, params)
+    decisions = decisions_lib.decide(self.inner.init, state, params, self.bits,
+                                     self.block_size, self.min_size)
     # A moment's initial value is usually a constant (zeros): behind the
     # barrier XLA quantizes it when init runs, where its constant folder
     # would evaluate every moment's quantization while compiling (slowly,
@@ -190,9 +81,7 @@ class _Quantizer:
               else qa.encode(jax.lax.optimization_barrier(x), d.tile, d.bits,
                              d.signed, self.code)
               for x, d in zip(leaves, decisions)]
-    report = _REPORT.get()
-    if report is not None:
-      report.append((self.bits, self._rows(state, decisions, stored)))
+    report_lib.record(self.bits, state, decisions, stored)
     return jax.tree.unflatten(treedef, stored)
 
   def _refuse_quantized(self, state) -> None:
@@ -228,25 +117,6 @@ class _Quantizer:
         lambda old, new: qa.requantize(new, old) if qa.is_quantized(old)
         else new, state, new_state, is_leaf=qa.is_quantized)
     return new_updates, new_state
-
-  def _rows(self, state, decisions, stored) -> list[QuantizedLeaf]:
-    paths = [jax.tree_util.keystr(p) for p, _ in
-             jax.tree_util.tree_flatten_with_path(state)[0]]
-    rows = []
-    for path, leaf, d, kept in zip(paths, jax.tree.leaves(state), decisions,
-                                   stored):
-      if d is None:
-        continue
-      if d.tile is None:
-        rows.append(QuantizedLeaf(path, tuple(leaf.shape), str(leaf.dtype),
-                                  None, leaf.size * leaf.dtype.itemsize,
-                                  d.reason))
-      else:
-        rows.append(QuantizedLeaf(
-            path, tuple(leaf.shape), kept.book.name, d.tile,
-            kept.codes.size + kept.scales.size * kept.scales.dtype.itemsize,
-            d.reason))
-    return rows
 
 
 def quantized_state(
@@ -370,58 +240,3 @@ def _python_int(name: str, value) -> int | None:
       " cannot change between steps. Under inject_hyperparams, name it in"
       " static_args, e.g. inject_hyperparams(adamw,"
       " static_args=('state_bits',)).")
-
-
-@contextlib.contextmanager
-def collecting_reports():
-  """A list that every ``quantized_state`` whose ``init`` is traced inside
-  this context adds ``(bits, rows)`` of its report to (a cached trace adds
-  nothing: trace a new function)."""
-  reports: list[tuple[int, list[QuantizedLeaf]]] = []
-  token = _REPORT.set(reports)
-  try:
-    yield reports
-  finally:
-    _REPORT.reset(token)
-
-
-def fallbacks(reports) -> tuple[QuantizedLeaf, ...]:
-  """The moments that ``collecting_reports``' ``reports`` keep in float
-  because no block fits their shard."""
-  return tuple(row for _, rows in reports
-               for row in QuantizedStateReport(0, tuple(rows)).fallbacks)
-
-
-def describe_quantized_state(tx, params, param_shardings: Any = None
-                             ) -> QuantizedStateReport:
-  """How every ``quantized_state`` inside ``tx`` stores each float leaf.
-
-  Args:
-    tx: a transformation that is, or contains, ``quantized_state``
-      (``adam(..., state_bits=8)``, ``masked(quantized_state(...))``, ...).
-    params: the params (arrays or ``jax.ShapeDtypeStruct``).
-    param_shardings: the layout the state is fitted to, a ``NamedSharding``
-      per param (for a sharded optimizer, its ``plan.update_shardings``:
-      the params' layout with ZeRO's axis added); None: unsharded.
-
-  Returns:
-    A ``QuantizedStateReport``: per float leaf of each quantized inner
-    state, its code book and tile, or why it stays in float.
-  """
-  init = lambda p: tx.init(p)  # a new function: never a cached trace
-  with collecting_reports() as reports:
-    if param_shardings is None:
-      jax.eval_shape(init, params)
-    else:
-      leaves = jax.tree.leaves(param_shardings)
-      if not leaves:
-        raise ValueError("describe_quantized_state: param_shardings has no "
-                         "leaves.")
-      typed_layouts.eval_shape_typed(
-          init, params, jax.tree.map(lambda s: s.spec, param_shardings),
-          leaves[0].mesh)
-  if not reports:
-    raise TypeError("describe_quantized_state: tx holds no "
-                    "shardopt.quantized_state.")
-  return QuantizedStateReport(
-      reports[0][0], tuple(row for _, rows in reports for row in rows))
