@@ -6,8 +6,8 @@ values bit for bit, and ``jax.lax.platform_dependent`` compiles one of each
 pair (XLA:CPU the first, every other backend the second):
 
 * the block absmax: ``blocks._absmax_two_valued`` / ``_absmax_of_magnitudes``;
-* 4-bit packing: ``codes._pack_by_window_sum`` / ``_pack_halves``;
-* 4-bit unpacking: ``codes._unpack_concatenated`` / ``_unpack_by_shifts``
+* 4-bit packing: ``packing._pack_by_window_sum`` / ``_pack_halves``;
+* 4-bit unpacking: ``packing._unpack_concatenated`` / ``_unpack_by_shifts``
   (the dynamic family's books take the first on every backend).
 
 Each row swaps the two forms of one step (or of all three) for the whole
@@ -35,6 +35,7 @@ from benchmarks.variants import label
 import shardopt
 from shardopt._src.quantization import blocks
 from shardopt._src.quantization import codes
+from shardopt._src.quantization import packing
 
 RESULTS = (pathlib.Path(__file__).resolve().parent / "results"
            / "backend_forms.md")
@@ -42,8 +43,8 @@ RESULTS = (pathlib.Path(__file__).resolve().parent / "results"
 # step -> (module, the XLA:CPU form's name, the other backends' form's name)
 FORMS = {
     "absmax": (blocks, "_absmax_two_valued", "_absmax_of_magnitudes"),
-    "pack": (codes, "_pack_by_window_sum", "_pack_halves"),
-    "unpack": (codes, "_unpack_concatenated", "_unpack_by_shifts"),
+    "pack": (packing, "_pack_by_window_sum", "_pack_halves"),
+    "unpack": (packing, "_unpack_concatenated", "_unpack_by_shifts"),
 }
 SWAPS = {8: ("absmax",), 4: ("absmax", "pack", "unpack", "all")}
 

@@ -15,6 +15,7 @@ import pytest
 import shardopt
 from shardopt._src.quantization import blocks
 from shardopt._src.quantization import codes
+from shardopt._src.quantization import packing
 
 # (bits, signed, code)
 BOOKS = [(8, True, "dynamic"), (8, False, "dynamic"), (4, True, "dynamic"),
@@ -129,10 +130,10 @@ def test_unsigned_codes_never_round_a_positive_value_to_zero(bits, code):
 
 def test_pack_puts_two_indices_per_byte():
   index = jnp.asarray([[1, 2, 15, 0], [7, 8, 3, 4]], jnp.uint8)
-  packed = codes.pack(index, axis=1)
+  packed = packing.pack(index, axis=1)
   np.testing.assert_array_equal(np.asarray(packed), [[0xF1, 0x02], [0x37, 0x48]])
-  np.testing.assert_array_equal(np.asarray(codes.unpack(packed, axis=1)), index)
-  np.testing.assert_array_equal(np.asarray(codes.unpack(codes.pack(index, 0), 0)), index)
+  np.testing.assert_array_equal(np.asarray(packing.unpack(packed, axis=1)), index)
+  np.testing.assert_array_equal(np.asarray(packing.unpack(packing.pack(index, 0), 0)), index)
 
 
 @pytest.mark.parametrize("axis", [0, 1, 2])
@@ -143,11 +144,11 @@ def test_every_backend_form_of_pack_and_unpack_gives_the_same_bytes(axis):
   index = rng.integers(0, 16, (4, 6, 8)).astype(np.uint8)
   low, high = np.split(index, 2, axis=axis)
   expected = low | (high << 4)
-  for pack in (codes._pack_halves, codes._pack_by_window_sum, codes.pack):
+  for pack in (packing._pack_halves, packing._pack_by_window_sum, packing.pack):
     packed = jax.jit(pack, static_argnums=1)(jnp.asarray(index), axis)
     np.testing.assert_array_equal(np.asarray(packed), expected)
-  for unpack in (codes._unpack_by_shifts, codes._unpack_concatenated,
-                 codes.unpack):
+  for unpack in (packing._unpack_by_shifts, packing._unpack_concatenated,
+                 packing.unpack):
     got = jax.jit(unpack, static_argnums=1)(jnp.asarray(expected), axis)
     np.testing.assert_array_equal(np.asarray(got), index)
 

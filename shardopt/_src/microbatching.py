@@ -2,201 +2,34 @@
 ``microbatch``, ``micro_vmap`` and ``micro_grad``).
 
 The batch axis of each batch argument is split column-major into
-``(num_microbatches, microbatch_size)``: microbatch ``j`` holds rows ``j,
-j + n, j + 2n, ...``, so a batch axis split over a mesh axis stays split
-within every microbatch (on an Explicit mesh the new axes' specs say so).
-A ``lax.fori_loop`` evaluates the function on one microbatch at a time and
-an ``Accumulator`` combines the results (sum, mean, running mean or
-concatenation, per output subtree), so only one microbatch's intermediates
-are live at once.
+``(num_microbatches, microbatch_size)`` (``batch_axis``), so a batch axis
+split over a mesh axis stays split within every microbatch. A
+``lax.fori_loop`` evaluates the function on one microbatch at a time and an
+``Accumulator`` (``microbatch_accumulators``) combines the results (sum,
+mean, running mean or concatenation, per output subtree), so only one
+microbatch's intermediates are live at once.
 """
 
 import collections
-import dataclasses
-import enum
-import functools
 from typing import Any
 from typing import Callable
 from typing import Sequence
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec
+
+from shardopt._src.batch_axis import reshape_batch_axis
+from shardopt._src.microbatch_accumulators import AccumulationType
+from shardopt._src.microbatch_accumulators import resolve
 
 __all__ = [
-    "AccumulationType",
-    "Accumulator",
     "micro_grad",
     "micro_vmap",
     "microbatch",
-    "reshape_batch_axis",
 ]
 
 # What ``micro_grad`` returns beside the gradients, per example.
 IndividualOutputs = collections.namedtuple("Aux", ["values", "metrics", "aux"])
-
-
-@dataclasses.dataclass(frozen=True)
-class Accumulator:
-  """How microbatch results combine: ``carry = init(shape of one result)``,
-  ``carry = update(carry, result_i, i)`` for each microbatch ``i``, then
-  ``finalize(carry)``; ``aggregate`` reduces a stack of results over axis 0
-  (``micro_vmap`` uses it within a microbatch)."""
-
-  init: Callable[[Any], Any]
-  update: Callable[[Any, Any, Any], Any]
-  finalize: Callable[[Any], Any]
-  aggregate: Callable[[Any], Any]
-
-
-class AccumulationType(enum.Enum):
-  """The built-in ways to combine microbatch results."""
-
-  MEAN = enum.auto()
-  """The mean over microbatches."""
-  SUM = enum.auto()
-  """The sum over microbatches."""
-  RUNNING_MEAN = enum.auto()
-  """The mean over the microbatches run (``num_real_microbatches``)."""
-  CONCAT = enum.auto()
-  """The results concatenated along axis 0, in the batch's row order."""
-
-
-def _explicit_sharding(x):
-  """``x``'s sharding if its mesh's axes are all Explicit, else None."""
-  sharding = jax.typeof(x).sharding
-  mesh = sharding.mesh
-  return sharding if not mesh.empty and mesh.are_all_axes_explicit else None
-
-
-def reshape_batch_axis(tree: Any, microbatch_size: int, axis: int = 0) -> Any:
-  """Splits each leaf's batch axis into ``(num_microbatches, microbatch_size)``.
-
-  Column-major, so that the batch axis's sharding carries over to the
-  ``microbatch_size`` axis; the ``num_microbatches`` axis is replicated.
-
-  Args:
-    tree: arrays with a batch axis.
-    microbatch_size: rows per microbatch.
-    axis: the batch axis.
-
-  Returns:
-    The tree with each batch axis split in two at ``axis``.
-
-  Raises:
-    ValueError: on an Explicit mesh, when the number of shards of the batch
-      axis does not divide ``microbatch_size``.
-  """
-  def split(x):
-    shape = x.shape[:axis] + (-1, microbatch_size) + x.shape[axis + 1:]
-    sharding = _explicit_sharding(x)
-    if sharding is None:
-      return x.reshape(shape, order="F")
-    spec = tuple(sharding.spec) + (None,) * (x.ndim - len(sharding.spec))
-    shards = x.shape[axis] // sharding.shard_shape(x.shape)[axis]
-    if microbatch_size % shards:
-      raise ValueError(f"reshape_batch_axis: the batch axis is split into {shards} shards,"
-                       f" which must divide microbatch_size={microbatch_size}")
-    spec = PartitionSpec(*spec[:axis], None, spec[axis], *spec[axis + 1:])
-    return x.reshape(shape, order="F", out_sharding=NamedSharding(sharding.mesh, spec))
-
-  return jax.tree.map(split, tree)
-
-
-def _leafwise(accumulator: Accumulator) -> Accumulator:
-  """An accumulator of arrays applied leaf by leaf to trees."""
-  return Accumulator(
-      lambda value: jax.tree.map(accumulator.init, value),
-      lambda carry, value, i: jax.tree.map(
-          lambda c, v: accumulator.update(c, v, i), carry, value),
-      lambda carry: jax.tree.map(accumulator.finalize, carry),
-      lambda values: jax.tree.map(accumulator.aggregate, values),
-  )
-
-
-def _floating_zeros(value):
-  if not jnp.issubdtype(value.dtype, jnp.floating):
-    raise ValueError("MEAN and RUNNING_MEAN Accumulators require floating-point values; got"
-                     f" {value.dtype}")
-  return jnp.zeros_like(value)
-
-
-def _sum() -> Accumulator:
-  return _leafwise(Accumulator(jnp.zeros_like, lambda c, v, _: c + v, lambda c: c,
-                               functools.partial(jnp.sum, axis=0)))
-
-
-def _check_positive(num_microbatches: int) -> None:
-  if num_microbatches <= 0:
-    raise ValueError(f"microbatch: num_microbatches={num_microbatches} must be positive")
-
-
-def _mean(num_microbatches: int) -> Accumulator:
-  _check_positive(num_microbatches)
-  return _leafwise(Accumulator(_floating_zeros, lambda c, v, _: c + v,
-                               lambda c: c / num_microbatches,
-                               functools.partial(jnp.mean, axis=0)))
-
-
-def _running_mean() -> Accumulator:
-  def update(carry, value, i):
-    kept = i / (i + 1)
-    return carry * kept + value * (1 - kept)
-
-  return _leafwise(Accumulator(_floating_zeros, update, lambda c: c,
-                               functools.partial(jnp.mean, axis=0)))
-
-
-def _concat(num_microbatches: int) -> Accumulator:
-  _check_positive(num_microbatches)
-
-  def finalize(carry):
-    # Back to the batch's row order (the inverse of reshape_batch_axis).
-    shape = (-1, *carry.shape[2:])
-    sharding = _explicit_sharding(carry)
-    if sharding is None:
-      return carry.reshape(shape, order="F")
-    spec = PartitionSpec(*tuple(sharding.spec)[1:])
-    return carry.reshape(shape, order="F", out_sharding=NamedSharding(sharding.mesh, spec))
-
-  return _leafwise(Accumulator(
-      lambda value: jnp.broadcast_to(jnp.zeros_like(value), (num_microbatches, *value.shape)),
-      lambda carry, value, i: carry.at[i].set(value), finalize, lambda values: values))
-
-
-def _resolve(accumulator: Any, num_microbatches: int) -> Accumulator:
-  """One ``Accumulator`` for a tree (a prefix of the results' structure) of
-  ``Accumulator``s and ``AccumulationType``s."""
-  def one(acc):
-    if isinstance(acc, Accumulator):
-      return acc
-    if acc == AccumulationType.SUM:
-      return _sum()
-    if acc == AccumulationType.MEAN:
-      return _mean(num_microbatches)
-    if acc == AccumulationType.RUNNING_MEAN:
-      return _running_mean()
-    if acc == AccumulationType.CONCAT:
-      return _concat(num_microbatches)
-    raise ValueError(f"microbatch: unknown accumulator {acc!r}; use an Accumulator or an"
-                     " AccumulationType")
-
-  tree = jax.tree.map(one, accumulator)
-
-  def init(values):
-    return jax.tree.map(lambda acc, v: acc.init(v), tree, values)
-
-  def update(carry, values, i):
-    return jax.tree.map(lambda acc, c, v: acc.update(c, v, i), tree, carry, values)
-
-  def finalize(carry):
-    return jax.tree.map(lambda acc, c: acc.finalize(c), tree, carry)
-
-  def aggregate(values):
-    return jax.tree.map(lambda acc, v: acc.aggregate(v), tree, values)
-
-  return Accumulator(init, update, finalize, aggregate)
 
 
 def microbatch(
@@ -267,7 +100,7 @@ def microbatch(
       raise ValueError(f"microbatch: batch size {sizes[0]} is not divisible by"
                        f" microbatch_size={microbatch_size}")
     num_microbatches = sizes[0] // microbatch_size
-    combine = _resolve(accumulator, num_microbatches)
+    combine = resolve(accumulator, num_microbatches)
     split_args, split_kwargs = with_batches(
         args, kwargs, lambda x, axis: reshape_batch_axis(x, microbatch_size, axis))
 
@@ -326,7 +159,7 @@ def micro_vmap(
   def vmapped_and_reduced(*args, kwargs):
     outputs = vmap_fn(fun, in_axes, out_axes)(*args, **kwargs)
     examples = jax.tree.leaves(outputs)[0].shape[0]
-    return _resolve(accumulator, examples).aggregate(outputs)
+    return resolve(accumulator, examples).aggregate(outputs)
 
   mapped = microbatch(
       vmapped_and_reduced,

@@ -13,17 +13,11 @@ rejects those before tracing, so it runs on that error path only:
 ``explained_rejection`` is the frame each jitted entry point (``init``,
 ``update``, a training step) is called in.
 
-``check_live`` runs on every call: a donated (deleted) array passed to a
-jitted step can crash the process in this jax version instead of raising, so
-the step refuses it first, saying it was donated (a call inside another
-``jit`` passes tracers, which hold no buffer and are not checked).
-In the same pass it refuses one array passed twice where a use is donated
-(gradients that are the params, one param at two paths), which crashes it
-the same way.
+The check of donated arrays that runs on every call, ``check_live``, is in
+``_liveness``.
 """
 
 import contextlib
-from typing import NoReturn
 
 import jax
 from jax.tree_util import keystr
@@ -32,11 +26,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from shardopt.sharding._liveness import is_concrete_array
 from shardopt.sharding._specs import entry_size
 from shardopt.sharding._specs import full_spec
 
-__all__ = ["check_grads", "check_inputs", "check_live", "check_param_shardings",
-           "check_placed", "explained_rejection"]
+__all__ = ["check_grads", "check_inputs", "check_param_shardings", "check_placed",
+           "explained_rejection"]
 
 
 def _first_structure_difference(grads, params) -> str:
@@ -183,7 +178,7 @@ def _placement(sharding) -> str:
 def _check_placed(what, tree, shardings, attribute) -> None:
   for (path, leaf), sharding in zip(tree_flatten_with_path(tree)[0],
                                     jax.tree.leaves(shardings)):
-    committed = _is_concrete_array(leaf) and leaf.committed  # jit moves the others
+    committed = is_concrete_array(leaf) and leaf.committed  # jit moves the others
     placed = leaf.sharding if committed else None
     if placed is not None and not (placed.is_equivalent_to(sharding, leaf.ndim)
                                    and placed.memory_kind == sharding.memory_kind):
@@ -273,64 +268,3 @@ def explained_rejection(param_shardings, params, state_shardings=None,
       check_grads(grads, params)
     check_placed(param_shardings, params, state_shardings, state, grads)
     raise
-
-
-def _is_concrete_array(x) -> bool:
-  """An array with buffers (not a tracer of an enclosing ``jit``)."""
-  return isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
-
-
-def _is_deleted(x) -> bool:
-  return _is_concrete_array(x) and x.is_deleted()
-
-
-def check_live(what: str, donated: tuple[str, ...] = (), **trees) -> None:
-  """Raises RuntimeError naming every deleted (donated) array in ``trees``,
-  and ValueError naming an array passed twice where a use of it is in one
-  of the ``donated`` trees (those the call consumes). One flatten of the
-  inputs on every call; paths are built only for an error.
-
-  ``what`` names the call, for the message (e.g. ``"opt.update"``).
-  """
-  leaves = [x for tree in trees.values() for x in jax.tree.leaves(tree)]
-  if any(_is_deleted(x) for x in leaves):
-    _raise_deleted(what, trees)
-  if donated and len({id(x) for x in leaves}) != len(leaves):
-    _check_unaliased(what, donated, trees)
-
-
-def _raise_deleted(what: str, trees: dict) -> NoReturn:
-  dead = [f"{name}{keystr(path)}" for name, tree in trees.items()
-          for path, x in tree_flatten_with_path(tree)[0] if _is_deleted(x)]
-  raise RuntimeError(
-      f"{what} got deleted arrays: {', '.join(dead[:5])}"
-      f"{f' and {len(dead) - 5} more' if len(dead) > 5 else ''}. They were "
-      "donated to an earlier call of the sharded step (make_sharded_optimizer"
-      "(..., donate=True), the default, consumes the params and state it is "
-      "given and reuses their memory for the results). Pass the params and "
-      "state that call returned; to keep your own copy, copy it first "
-      "(jax.tree.map(jnp.copy, params)) or build the optimizer with "
-      "donate=False.")
-
-
-def _check_unaliased(what: str, donated: tuple[str, ...], trees: dict) -> None:
-  """Raises naming the first concrete array met again after a donated use
-  (the donated trees are read first)."""
-  donated_uses = {}
-  for name in [*donated, *(name for name in trees if name not in donated)]:
-    for path, x in tree_flatten_with_path(trees[name])[0]:
-      if not _is_concrete_array(x):
-        continue
-      where = f"{name}{keystr(path)}"
-      if id(x) in donated_uses:
-        _raise_aliased(what, donated_uses[id(x)], where)
-      if name in donated:
-        donated_uses[id(x)] = where
-
-
-def _raise_aliased(what: str, donated_path: str, other_path: str) -> NoReturn:
-  raise ValueError(
-      f"{what}: {other_path} is the same array as {donated_path}, which the call donates "
-      "(consumes, reusing its memory for the results while the other use still reads it). "
-      "Pass separate arrays (e.g. jax.tree.map(jnp.copy, ...) of one of them), or build the "
-      "optimizer with donate=False.")

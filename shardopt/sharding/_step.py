@@ -27,9 +27,9 @@ presents it in optax's order, ``(grads, state, params)``.
 ``ShardedOptimizer.train_step(loss_fn)`` (``_train_step``) is the whole
 training step as one program: loss, gradients and the update.
 
-At the boundary (``_boundary``): grads are checked against params once per
-compiled signature, and a donated array passed back in is refused with an
-error that says so.
+At the boundary: grads are checked against params once per compiled
+signature (``_boundary``), and a donated array passed back in is refused
+with an error that says so (``_liveness``).
 """
 
 from collections.abc import Callable
@@ -42,7 +42,6 @@ import jax
 from shardopt._src.base import GradientTransformationExtraArgs
 from shardopt._src.base import with_extra_args_support
 from shardopt.sharding._boundary import check_grads
-from shardopt.sharding._boundary import check_live
 from shardopt.sharding._boundary import explained_rejection
 from shardopt.sharding._derivation import plan_state_shardings
 from shardopt.sharding._layouts import mesh_of
@@ -50,6 +49,7 @@ from shardopt.sharding._layouts import typed
 from shardopt.sharding._layouts import under_mesh
 from shardopt.sharding._layouts import apply_in_layout
 from shardopt.sharding._layouts import update_in_layout
+from shardopt.sharding._liveness import check_live
 from shardopt.sharding._memory import in_memory
 from shardopt.sharding._memory import to_device
 from shardopt.sharding._memory import to_home

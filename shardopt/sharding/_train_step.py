@@ -58,12 +58,12 @@ from shardopt._src import base
 from shardopt._src.tree_math import global_norm
 from shardopt.sharding._batch import BatchLayout
 from shardopt.sharding._batch import batch_layout
-from shardopt.sharding._boundary import check_live
 from shardopt.sharding._boundary import explained_rejection
 from shardopt.sharding._layouts import in_layout
 from shardopt.sharding._layouts import mesh_of
 from shardopt.sharding._layouts import under_mesh
 from shardopt.sharding._layouts import apply_in_layout
+from shardopt.sharding._liveness import check_live
 from shardopt.sharding._memory import to_device
 from shardopt.sharding._memory import to_home
 

@@ -31,6 +31,7 @@ from jax.sharding import PartitionSpec as P
 
 from shardopt._src import typed_layouts
 from shardopt._src.quantization import codes
+from shardopt._src.quantization import packing
 
 __all__ = [
     "BlockCodes",
@@ -135,7 +136,7 @@ def quantize(x: jax.Array, tile, book: codes.CodeBook, bits: int) -> BlockCodes:
                        book)
   if bits == 4:  # pairs within a block: entries k and k + t/2 of its tile
     packed = _layout(_packed_shape(x.shape, tile), tile, packed=True)
-    index = _merge(codes.pack(_split(index, layout.parts), layout.pair),
+    index = _merge(packing.pack(_split(index, layout.parts), layout.pair),
                    packed.parts)
   return BlockCodes(index, _merge(scales, layout.scale_parts))
 
@@ -233,7 +234,7 @@ def dequantize(q: BlockCodes, tile, book: codes.CodeBook, bits: int,
       q.scales, index)  # the codes' layout, where it was refitted
   if bits == 4:
     packed = _layout(q.codes.shape, tile, packed=True)
-    index = _merge(codes.unpack(_split(index, packed.parts), layout.pair,
+    index = _merge(packing.unpack(_split(index, packed.parts), layout.pair,
                                 in_loops=book.family == "companded"),
                    layout.parts)
   full = _per_element(_split(scales, layout.scale_parts), layout)
