@@ -524,6 +524,23 @@ def test_blocks_are_the_same_on_every_mesh_of_as_many_devices(kind, zero, bits):
   assert tiles[(2, 4)] == tiles[(4, 2)] == tiles[(8, 1)]
 
 
+def test_fitted_blocks_follow_this_meshs_shards():
+  """block_layout="fitted": tiles inside this mesh's shards, as long along
+  the last dimension as they fit there (the embedding's (64, 32) shard on
+  (2, 4), ZeRO splitting its columns over data=2, takes (8, 32) where the
+  portable tile is (32, 8): its columns are split 8 ways on (8, 1)), so
+  they differ on (4, 2)."""
+  tiles = {}
+  for layout in ("portable", "fitted"):
+    for shape in ((2, 4), (4, 2)):
+      mesh = _mesh(shape)
+      tx = shardopt.quantized_state(shardopt.adamw(1e-2), 8, block_layout=layout)
+      state = _sharded(tx, mesh, zero=True).init.eval_shape(_params(mesh))
+      tiles[layout, shape] = state[0].mu["embed"].tile
+  assert tiles["portable", (2, 4)] == tiles["portable", (4, 2)] == (32, 8)
+  assert tiles["fitted", (2, 4)] == (8, 32) != tiles["fitted", (4, 2)]
+
+
 def test_bad_arguments_say_what_to_do():
   with pytest.raises(ValueError, match="bits=3"):
     shardopt.quantized_state(shardopt.adam(0.1), bits=3)
@@ -537,6 +554,8 @@ def test_bad_arguments_say_what_to_do():
   assert {l.tile for l in default.leaves} == {(1, 128)}  # 128 at 4 bits
   with pytest.raises(ValueError, match="code='flat'"):
     shardopt.quantized_state(shardopt.adam(0.1), code="flat")
+  with pytest.raises(ValueError, match=r"block_layout='global'; expected one of \('portable', 'fitted'\)"):
+    shardopt.quantized_state(shardopt.adam(0.1), block_layout="global")
   with pytest.raises(TypeError, match="holds no shardopt.quantized_state"):
     shardopt.describe_quantized_state(shardopt.adam(0.1), {})
 

@@ -4,9 +4,10 @@ Blocks are tiles of the global array fitted, when ``init`` is traced with
 the params typed by their layout (as ``shardopt.make_sharded_optimizer``
 and ``shardopt.state_shardings`` do, ZeRO included), inside one device's
 shard of the moment: quantizing and decoding then need no communication.
-Where a block of at least half ``block_size`` fits the shard of every mesh
-of as many devices that splits the same dimensions, the blocks are fitted
-to all of them, so a checkpoint moved between such meshes keeps its blocks.
+With ``block_layout="portable"``, where a block of at least half
+``block_size`` fits the shard of every mesh of as many devices that splits
+the same dimensions, the blocks are fitted to all of them, so a checkpoint
+moved between such meshes keeps its blocks.
 Which param a moment belongs to comes from the stand-in trace of
 ``shardopt._src.ownership``, the same the sharding layer uses.
 """
@@ -21,8 +22,9 @@ from shardopt._src import ownership
 from shardopt._src import typed_layouts
 from shardopt._src.quantization import blocks
 
-__all__ = ["Decision", "decide", "moment_code"]
+__all__ = ["BLOCK_LAYOUTS", "Decision", "decide", "moment_code"]
 
+BLOCK_LAYOUTS = ("portable", "fitted")
 _SMALLEST_BLOCK = 32
 
 
@@ -52,17 +54,19 @@ def _is_float(x) -> bool:
   return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)
 
 
-def _tile(leaf, block_size: int) -> tuple[tuple[int, ...] | None, str]:
-  """The tile of a moment, or why none: the largest of at most
-  ``block_size`` elements inside its shard on every mesh of as many
-  devices that splits the same dimensions (a checkpoint moved between
-  them keeps its blocks), where one of at least half ``block_size`` is;
-  else the largest, down to ``_SMALLEST_BLOCK``, inside this mesh's
-  shard."""
-  portable = _largest_tile(leaf.shape, block_size, max(block_size // 2, 1),
-                           typed_layouts.finest_shard_shape(leaf))
-  if portable is not None:
-    return portable, ""
+def _tile(leaf, block_size: int,
+          block_layout: str) -> tuple[tuple[int, ...] | None, str]:
+  """The tile of a moment, or why none: for a ``"portable"`` layout the
+  largest of at most ``block_size`` elements inside its shard on every mesh
+  of as many devices that splits the same dimensions (a checkpoint moved
+  between them keeps its blocks), where one of at least half
+  ``block_size`` is; else the largest, down to ``_SMALLEST_BLOCK``, inside
+  this mesh's shard."""
+  if block_layout == "portable":
+    portable = _largest_tile(leaf.shape, block_size, max(block_size // 2, 1),
+                             typed_layouts.finest_shard_shape(leaf))
+    if portable is not None:
+      return portable, ""
   fit = typed_layouts.shard_shape(leaf)
   smallest = min(_SMALLEST_BLOCK, block_size)
   tile = _largest_tile(leaf.shape, block_size, smallest, fit)
@@ -78,8 +82,8 @@ def moment_code(kind: moments.LeafKind, bits: int) -> tuple[bool, int]:
   return kind.kind != moments.NONNEGATIVE, max(bits, kind.min_bits)
 
 
-def decide(init, state, params, bits: int, block_size: int,
-           min_size: int) -> list[Decision | None]:
+def decide(init, state, params, bits: int, block_size: int, min_size: int,
+           block_layout: str) -> list[Decision | None]:
   """Per leaf of ``state`` (``init``'s, from ``params``): how it is stored
   (None: not a float array, nothing to report; a float scalar is kept and
   reported)."""
@@ -102,7 +106,7 @@ def decide(init, state, params, bits: int, block_size: int,
     elif leaf.size < min_size:
       reason = f"{leaf.size} elements < min_size={min_size}"
     else:
-      tile, reason = _tile(leaf, block_size)
+      tile, reason = _tile(leaf, block_size, block_layout)
       if tile is not None and width > bits:
         reason = f"{width} bits: {kind.field} declares min_bits={width}"
       decisions.append(Decision(tile, signed, reason, width))

@@ -33,10 +33,10 @@ class _Quantizer:
   """The configuration and the init/update of ``quantized_state``."""
 
   def __init__(self, inner, bits: int, block_size: int, min_size: int,
-               code: str):
+               code: str, block_layout: str):
     self.inner = base.with_extra_args_support(inner)
     self.bits, self.block_size, self.min_size = bits, block_size, min_size
-    self.code = code
+    self.code, self.block_layout = code, block_layout
 
   def _conformed(self, state, template, params):
     """``state`` as this wrapper stores it where a holder of the state
@@ -71,7 +71,8 @@ class _Quantizer:
     self._refuse_quantized(state)
     leaves, treedef = jax.tree.flatten(state)
     decisions = decisions_lib.decide(self.inner.init, state, params, self.bits,
-                                     self.block_size, self.min_size)
+                                     self.block_size, self.min_size,
+                                     self.block_layout)
     # A moment's initial value is usually a constant (zeros): behind the
     # barrier XLA quantizes it when init runs, where its constant folder
     # would evaluate every moment's quantization while compiling (slowly,
@@ -125,6 +126,7 @@ def quantized_state(
     block_size: int | None = None,
     min_size: int = 4096,
     code: str = "companded",
+    block_layout: str = "portable",
 ) -> base.GradientTransformationExtraArgs:
   """Stores the moments of ``inner`` in 8 or 4 bits.
 
@@ -169,13 +171,20 @@ def quantized_state(
   layout (``shardopt.make_sharded_optimizer``, ``shardopt.state_shardings``
   and ``shardopt.sharded_init`` do so, ZeRO included; so does any ``init``
   on a mesh with Explicit axes), each tile lies inside one device's shard of
-  its moment, so the step needs no communication float state would not. A
-  tile has ``block_size`` elements, or, where no such tile fits the shard,
-  the largest power of two down to 32 that does; a moment where none fits
-  stays in float. Traced without layout (plain ``jit`` on an Auto mesh, or
-  unsharded) tiles come from the global shape. ``update`` keeps the tiles
-  the state has; ``checkpoints`` re-tiles a state restored onto a mesh
-  whose tiles differ.
+  its moment, so the step needs no communication float state would not.
+  ``block_layout="portable"`` (the default): where a tile of at least half
+  ``block_size`` elements fits the moment's shard on every mesh of as many
+  devices that splits the same dimensions, it is the largest such tile, the
+  same on (2, 4), (4, 2) and (8, 1), so a checkpoint moves between those
+  meshes bit for bit; else, as ``"fitted"``: a tile of ``block_size``
+  elements inside this mesh's shard or, where none fits, the largest power
+  of two down to 32 that does (a moment where none fits stays in float).
+  Fitted tiles run longer along the last dimension where a mesh splits it
+  less than the finest would: on CPU the update is faster
+  (``benchmarks/results/block_layouts.md``). Traced without layout (plain
+  ``jit`` on an Auto mesh, or unsharded) tiles come from the global shape.
+  ``update`` keeps the tiles the state has; ``checkpoints`` re-tiles a
+  state restored onto a mesh whose tiles differ.
 
   One width per leaf: ``inner`` must not hold a ``quantized_state`` itself
   (``adamw(..., state_bits=8)``); ``init`` raises naming its first
@@ -194,6 +203,8 @@ def quantized_state(
     min_size: moments with fewer elements stay in float (default 4096).
     code: the code family, ``"companded"`` or ``"dynamic"``
       (``shardopt/_src/quantization/codes.py``).
+    block_layout: ``"portable"`` (blocks that fit every mesh of the device
+      count where they can) or ``"fitted"`` (to this mesh's shards).
 
   Returns:
     A ``GradientTransformationExtraArgs`` with ``inner``'s updates computed
@@ -222,7 +233,11 @@ def quantized_state(
   if code not in codes.CODES:
     raise ValueError(f"quantized_state: code={code!r}; expected one of "
                      f"{codes.CODES}.")
-  quantizer = _Quantizer(inner, bits, block_size, min_size, code)
+  if block_layout not in decisions_lib.BLOCK_LAYOUTS:
+    raise ValueError(f"quantized_state: block_layout={block_layout!r}; "
+                     f"expected one of {decisions_lib.BLOCK_LAYOUTS}.")
+  quantizer = _Quantizer(inner, bits, block_size, min_size, code,
+                         block_layout)
   return base.GradientTransformationExtraArgs(quantizer.init, quantizer.update)
 
 
