@@ -36,6 +36,7 @@ class Decision(NamedTuple):
   signed: bool
   reason: str
   bits: int
+  no_block_fits: bool = False  # a moment kept in float for want of a tile
 
 
 def _largest_tile(shape, most: int, least: int, fit):
@@ -109,7 +110,7 @@ def decide(init, state, params, bits: int, block_size: int, min_size: int,
       tile, reason = _tile(leaf, block_size, block_layout)
       if tile is not None and width > bits:
         reason = f"{width} bits: {kind.field} declares min_bits={width}"
-      decisions.append(Decision(tile, signed, reason, width))
+      decisions.append(Decision(tile, signed, reason, width, tile is None))
       continue
     decisions.append(Decision(None, signed, reason, bits))
   return decisions

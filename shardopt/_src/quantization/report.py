@@ -35,6 +35,7 @@ class QuantizedLeaf(NamedTuple):
   tile: tuple[int, ...] | None  # block shape; None when not quantized
   nbytes: int  # bytes of the stored leaf (codes + scales, or the float)
   reason: str  # why it is kept in float or stored wider than asked, or ""
+  no_block_fits: bool = False  # a moment kept in float: no tile fits its shard
 
 
 class QuantizedStateReport(NamedTuple):
@@ -58,7 +59,7 @@ class QuantizedStateReport(NamedTuple):
   def fallbacks(self) -> tuple[QuantizedLeaf, ...]:
     """Moments shaped like their param, of at least ``min_size`` elements,
     kept in float because no tile fits their shard."""
-    return tuple(l for l in self.leaves if l.reason.startswith("no tile"))
+    return tuple(l for l in self.leaves if l.no_block_fits)
 
   def __str__(self) -> str:
     stored = sum(l.nbytes for l in self.leaves)
@@ -84,7 +85,7 @@ def _rows(state, decisions, stored) -> list[QuantizedLeaf]:
     if d.tile is None:
       rows.append(QuantizedLeaf(path, tuple(leaf.shape), str(leaf.dtype),
                                 None, leaf.size * leaf.dtype.itemsize,
-                                d.reason))
+                                d.reason, d.no_block_fits))
     else:
       rows.append(QuantizedLeaf(
           path, tuple(leaf.shape), kept.book.name, d.tile,
