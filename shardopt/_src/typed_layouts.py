@@ -52,14 +52,20 @@ def eval_shape_typed(fn, params, specs, mesh):
     return jax.eval_shape(fn, typed)
 
 
+def _typed_sharding(x) -> NamedSharding | None:
+  """The ``NamedSharding`` that types ``x`` on a mesh with axes, else None."""
+  sharding = getattr(jax.typeof(x), "sharding", None)
+  if not isinstance(sharding, NamedSharding) or not sharding.mesh.axis_names:
+    return None
+  return sharding
+
+
 def shard_shape(x) -> tuple[int, ...]:
   """The shape of the piece of ``x`` one device holds, as typed where ``x``
   is traced; ``x``'s global shape where no Explicit axis splits it."""
-  aval = jax.typeof(x)
-  sharding = getattr(aval, "sharding", None)
-  if not isinstance(sharding, NamedSharding) or not sharding.mesh.axis_names:
-    return tuple(aval.shape)
-  return tuple(sharding.shard_shape(tuple(aval.shape)))
+  sharding = _typed_sharding(x)
+  shape = tuple(jax.typeof(x).shape)
+  return shape if sharding is None else tuple(sharding.shard_shape(shape))
 
 
 def finest_shard_shape(x) -> tuple[int, ...]:
@@ -70,14 +76,14 @@ def finest_shard_shape(x) -> tuple[int, ...]:
   this divides the piece of every such mesh, this one included), the whole
   length for one no axis names; ``x``'s global shape where no Explicit axis
   types it. A tile fitted to it is the same on (2, 4), (4, 2) and (8, 1)."""
-  aval = jax.typeof(x)
-  sharding = getattr(aval, "sharding", None)
-  if not isinstance(sharding, NamedSharding) or not sharding.mesh.axis_names:
-    return tuple(aval.shape)
-  devices = sharding.mesh.size
-  spec = tuple(sharding.spec) + (None,) * (aval.ndim - len(sharding.spec))
-  return tuple(length // math.gcd(length, devices) if names is not None
-               else length for length, names in zip(aval.shape, spec))
+  sharding = _typed_sharding(x)
+  shape = tuple(jax.typeof(x).shape)
+  if sharding is None:
+    return shape
+  spec = tuple(sharding.spec) + (None,) * (len(shape) - len(sharding.spec))
+  return tuple(length // math.gcd(length, sharding.mesh.size)
+               if names is not None else length
+               for length, names in zip(shape, spec))
 
 
 def explicit_sharding(x) -> NamedSharding | None:

@@ -118,8 +118,7 @@ def collecting_reports():
 def fallbacks(reports) -> tuple[QuantizedLeaf, ...]:
   """The moments that ``collecting_reports``' ``reports`` keep in float
   because no block fits their shard."""
-  return tuple(row for _, rows in reports
-               for row in QuantizedStateReport(0, tuple(rows)).fallbacks)
+  return tuple(row for _, rows in reports for row in rows if row.no_block_fits)
 
 
 def describe_quantized_state(tx, params, param_shardings: Any = None
