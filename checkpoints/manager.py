@@ -159,9 +159,14 @@ class CheckpointManager:
     self._writing = None
 
   def close(self) -> None:
-    """Finalizes pending saves and deletions and releases orbax's threads. After a
+    """Finalizes pending saves and deletions and releases orbax's threads, the clean-up of
+    temporary folders it starts on opening included (orbax's own close leaves that thread
+    running: a process exiting at once, on a usage error, printed its traceback). After a
     ``CheckpointWriteError`` it only releases (the failure was raised once)."""
     try:
+      cleanup = getattr(self._mngr, "_cleanup_tmp_directory_future", None)
+      if cleanup is not None:
+        cleanup.result()
       self._mngr.close()
     except Exception as e:  # noqa: BLE001  (classified by _write_failed)
       if self._failed:

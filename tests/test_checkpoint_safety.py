@@ -1,5 +1,6 @@
 """Killed saves, corrupted checkpoints, retention order and save intervals."""
 
+import asyncio
 import os
 import pathlib
 import queue
@@ -196,3 +197,22 @@ def test_saving_arrays_a_jitted_call_consumed_names_them(tmp_path):
       mngr.save(4, {"params": old["params"], "count": old["count"]})
     assert mngr.all_steps() == [] and not list(tmp_path.iterdir())
     assert mngr.save(4, new)
+
+
+def test_close_waits_for_the_clean_up_of_temporary_folders(tmp_path, monkeypatch):
+  """Opening a manager starts orbax's clean-up of temporary folders in a thread; close()
+  returns once it has ended (a job refusing its input right after opening exited with that
+  thread running, and printed its traceback). The clean-up is slowed to 0.5 s here."""
+  from orbax.checkpoint._src.path import temporary_paths  # pylint: disable=import-outside-toplevel
+  real, finished = temporary_paths.cleanup_temporary_paths, []
+
+  async def slow_cleanup(*args, **kwargs):
+    await asyncio.sleep(0.5)
+    await real(*args, **kwargs)
+    finished.append(True)
+
+  monkeypatch.setattr(temporary_paths, "cleanup_temporary_paths", slow_cleanup)
+  before = set(threading.enumerate())
+  ck.CheckpointManager(tmp_path / "ckpt").close()
+  assert finished == [True]
+  assert not [t for t in threading.enumerate() if t not in before and t.is_alive()]
