@@ -29,11 +29,17 @@ def checked_directory(directory, *, read_only: bool = False) -> epath.Path:
 
   Raises:
     CheckpointDirectoryError: the path is a file, is missing (``read_only``),
-      or cannot be created or written; the message names the path.
+      cannot be created or written, or is a local path orbax would write
+      elsewhere (one holding 'gs:/'); the message names the path.
   """
   path = _absolute(directory)
   if "://" in os.fspath(path):
     return path  # remote storage: checked by its own client on first use
+  if "gs:/" in os.fspath(path):  # orbax turns it into 'gs://', a path tensorstore refuses
+    raise CheckpointDirectoryError(
+        f"Checkpoint directory {path}: orbax reads 'gs:/' in a local path as a gs:// URL and "
+        "cannot write checkpoints there; for a bucket pass gs://..., for a local directory a "
+        "path without 'gs:/'.")
   if path.exists() and not path.is_dir():
     raise CheckpointDirectoryError(
         f"Checkpoint directory {path} is a file, not a directory: pass a directory path "

@@ -466,6 +466,16 @@ def test_a_file_as_directory_fails_at_construction_naming_it(tmp_path):
   assert path.read_text() == "not a directory"
 
 
+def test_a_local_directory_orbax_would_write_elsewhere_fails_at_construction(tmp_path,
+                                                                            monkeypatch):
+  """'gs:/b/c' (a bucket URL missing a slash) is a local path to etils but orbax turns its
+  'gs:/' into 'gs://', and tensorstore refused it at the first save, after the training."""
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(ck.CheckpointDirectoryError, match=f"{tmp_path}/gs:/b/c: orbax reads 'gs:/'"):
+    ck.CheckpointManager("gs:/b/c")
+  assert not list(tmp_path.iterdir())
+
+
 def test_an_unwritable_directory_fails_at_construction_naming_it(tmp_path):
   if os.geteuid() == 0:  # root writes through file modes; sysfs refuses new entries to everyone
     path = pathlib.Path("/sys/shardopt_checkpoints")

@@ -246,6 +246,21 @@ def test_a_path_through_a_file_or_a_dangling_link(tmp_path, flag, path, culprits
   assert (work / "afile").read_text() == "keep me" and not (work / "nowhere").exists()
 
 
+@pytest.mark.parametrize("flags, culprit", [
+    (["--checkpoint-dir", "gs:/b/c"], "--checkpoint-dir gs:/b/c: orbax reads 'gs:/'"),
+    (["--out", "logs/gs:/run"], "--out logs/gs:/run: orbax reads 'gs:/'"),
+])
+def test_a_local_checkpoint_folder_orbax_would_write_elsewhere(tmp_path, flags, culprit):
+  """A local path holding 'gs:/' (a bucket URL missing a slash) trained, then failed at the
+  first save: orbax turns 'gs:/' into 'gs://' and tensorstore refuses the path. Now a usage
+  error before anything is created."""
+  work = tmp_path / "work"
+  work.mkdir()
+  usage_error(job(tmp_path, *h.TINY, "--steps", "2", *flags, cwd=work), culprit,
+              "for a bucket write gs://")
+  assert not list(work.iterdir())
+
+
 def test_a_file_named_runs_where_new_run_folders_go(tmp_path):
   work = tmp_path / "work"
   work.mkdir()
