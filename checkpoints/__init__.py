@@ -26,9 +26,9 @@ _EXPORTS = {
     "nnx_load_state": "checkpoints.flax_state",
     "nnx_tx": "checkpoints.flax_state",
     "CheckpointManager": "checkpoints.manager",
-    "Restored": "checkpoints.manager",
-    "SkippedStep": "checkpoints.manager",
     "CheckpointPolicy": "checkpoints.policy",
+    "Restored": "checkpoints.restore_results",
+    "SkippedStep": "checkpoints.restore_results",
 }
 
 __all__ = sorted(_EXPORTS)

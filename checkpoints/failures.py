@@ -12,8 +12,8 @@ propagates, so nothing silently rolls back to an older step.
 TensorStore raises a plain ``ValueError`` whose message starts with the absl
 status code (``NOT_FOUND: ...``), the one place it gives the code (no
 attribute carries it); ``_status`` reads that prefix and nothing else of the
-text. Missing item folders are found on the filesystem by the manager
-(``CheckpointManager._require_items``), not from Orbax's messages.
+text. Missing item folders are found on the filesystem before a step is read
+(``step_reads._require_items``), not from Orbax's messages.
 """
 
 from collections.abc import Iterator

@@ -10,13 +10,9 @@ has been finalized. Every restore checks the bytes it read against the
 checksums written at save time.
 """
 
-import errno
-import json
 import logging
-import operator
 import warnings
 from typing import Any
-from typing import NamedTuple
 from typing import NoReturn
 
 import jax
@@ -26,84 +22,24 @@ from checkpoints import failures
 from checkpoints import layout
 from checkpoints import quiet
 from checkpoints import record
-from checkpoints import retile
-from checkpoints import state_classes
+from checkpoints import restore_plan
+from checkpoints import save_checks
+from checkpoints import step_reads
 from checkpoints.barrier import barrier
 from checkpoints.directory import checked_directory
 from checkpoints.errors import CheckpointError
 from checkpoints.errors import CheckpointWriteError
 from checkpoints.errors import CorruptCheckpointError
 from checkpoints.errors import NoCheckpointError
-from checkpoints.errors import StructureMismatchError
 from checkpoints.policy import CheckpointPolicy
 from checkpoints.reinit import OPTIMIZER_CHANGED
 from checkpoints.reinit import fresh_opt_state
-from checkpoints.reinit import is_optimizer_leaf
-from checkpoints.reinit import split_optimizer
+from checkpoints.restore_results import Restored
+from checkpoints.restore_results import SkippedStep
 
 __all__ = ["CheckpointManager", "Restored", "SkippedStep"]
 
 _log = logging.getLogger(__name__)
-
-
-class SkippedStep(NamedTuple):
-  """A step ``restore_latest_valid`` passed over, why (the CorruptCheckpointError's message), and
-  whether its files were missing rather than damaged (a filesystem that lags may yet show them)."""
-
-  step: int
-  reason: str
-  missing: bool = False
-
-
-class Restored(NamedTuple):
-  """What a restore returns: the state (target's types), its step, the user metadata.
-
-  ``skipped`` lists the newer steps ``restore_latest_valid`` passed over
-  because they were damaged, newest first (always empty from ``restore``).
-  ``retiled`` names the optimizer-state leaves saved in another quantized
-  form than the target's (on another mesh): codes in other blocks re-encoded
-  in the target's, codes decoded where the target keeps float, float encoded
-  where the target keeps codes.
-  """
-
-  state: Any
-  step: int
-  metadata: dict
-  skipped: tuple[SkippedStep, ...] = ()
-  retiled: tuple[str, ...] = ()
-
-
-def _json(value: Any, what: str) -> Any:
-  try:
-    return json.loads(json.dumps(value))
-  except TypeError as e:
-    raise TypeError(f"{what} must be JSON-serializable (dicts, lists, str, numbers): {e}") from e
-
-
-def _refuse_deleted(step: int, state: Any) -> None:
-  """Raises CheckpointError naming the leaves of ``state`` whose arrays were deleted (donated
-  to a jitted call, which consumed them), before any process writes."""
-  dead = [name for name, leaf in layout.named_leaves(state)
-          if isinstance(leaf, jax.Array) and leaf.is_deleted()]
-  if dead:
-    raise CheckpointError(
-        f"save({step}): the arrays of {', '.join(repr(n) for n in dead[:5])}"
-        f"{f' and {len(dead) - 5} more leaves' if len(dead) > 5 else ''} were deleted: donated"
-        " to a jitted call (the sharded step consumes the params and state it is given and"
-        " returns new ones). Save the params and state that call returned.")
-
-
-def _checked_step(step) -> int:
-  """``step`` as an int: an integer >= 0, a Python int or a 0-d integer array (a
-  ``TrainState.step``); a negative one would be written but never listed or restored."""
-  try:
-    index = operator.index(step)
-  except TypeError:
-    index = None
-  if isinstance(step, bool) or index is None or index < 0:
-    raise ValueError(f"save(step={step!r}): a step is an integer >= 0 (a negative one "
-                     "would be written but never listed or restored).")
-  return index
 
 
 class CheckpointManager:
@@ -215,7 +151,7 @@ class CheckpointManager:
     """
     if self.read_only:
       raise CheckpointError(f"CheckpointManager({self.directory}, read_only=True) cannot save.")
-    step = _checked_step(step)
+    step = save_checks.checked_step(step)
     latest = self.latest_step()
     if not force and latest is not None and step <= latest:
       warnings.warn(f"CheckpointManager({self.directory}).save({step}) skipped: not above the"
@@ -224,10 +160,10 @@ class CheckpointManager:
       return False
     if not force and not self._mngr.should_save(step):
       return False
-    metadata = _json(metadata or {}, "metadata")
+    metadata = save_checks.checked_json(metadata or {}, "metadata")
     if metrics is not None:
       metrics = {k: float(v) for k, v in metrics.items()}
-    _refuse_deleted(step, state)
+    save_checks.refuse_deleted(step, state)
     barrier(f"save_{step}", self.policy.timeout_s)
     saveable = layout.to_saveable(state)
     args = ocp.args.Composite(
@@ -258,71 +194,18 @@ class CheckpointManager:
       raise NoCheckpointError(f"No finalized checkpoint for step {step} in {self.directory}; steps there: {steps}.")
     return step
 
-  def _require_items(self, step: int, names: tuple[str, ...]) -> None:
-    """Raises ``FileNotFoundError`` (a missing file: ``failures.is_corruption``) naming the
-    first of the step's item folders ``names`` that is not there; checked on the filesystem
-    before orbax reads them."""
-    for name in names:
-      folder = self.directory / str(step) / name
-      if not folder.is_dir():
-        raise FileNotFoundError(errno.ENOENT, f"the item folder {name!r} of the step is missing", str(folder))
-
-  def _record(self, step: int) -> tuple[record.Record, dict]:
-    """The step's parsed record and user metadata (one orbax read of both JSON items)."""
-    try:
-      self._require_items(step, ("layout", "metadata"))
-      items = self._mngr.restore(step, args=ocp.args.Composite(
-          layout=ocp.args.JsonRestore(), metadata=ocp.args.JsonRestore()))
-    except Exception as e:  # noqa: BLE001  (classified by failures.raise_for)
-      failures.raise_for(e, step, self.directory, "its layout or metadata file")
-    try:
-      return record.parse(items["layout"], items["metadata"]), items["metadata"]
-    except (ValueError, KeyError, TypeError) as e:
-      raise CorruptCheckpointError(
-          f"Checkpoint step {step} in {self.directory} is damaged: {e}. "
-          "restore_latest_valid() falls back to the newest intact step.", step=step) from e
-
   def saved_layout(self, step: int | None = None) -> dict[str, dict]:
     """``{leaf name: {shape, dtype, key_impl}}`` of a saved step (default: latest)."""
-    return self._record(self._step(step))[0].leaves
+    return step_reads.read_record(self._mngr, self.directory, self._step(step))[0].leaves
 
   def metadata(self, step: int | None = None) -> dict:
     """The user metadata saved with a step (default: latest)."""
-    return self._record(self._step(step))[1]
+    return step_reads.read_record(self._mngr, self.directory, self._step(step))[1]
 
-  def _read(self, step: int, pairs: list, saved: record.Record, partial: bool) -> dict:
-    """The arrays of ``pairs`` read from ``step``, each checked against its saved checksum
-    (empty ones made, not read: ``layout.empty_value``)."""
-    empty = {n: layout.empty_value(n, x) for n, x in pairs if layout.is_empty(x)}
-    pairs = [(n, x) for n, x in pairs if n not in empty]
-    if not pairs:
-      return empty
-    item, restore_args = layout.read_args(pairs)
-    args = ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=partial)
-    failure = None
-    try:
-      self._require_items(step, ("state",))
-      values = self._mngr.restore(step, args=ocp.args.Composite(state=args))["state"]
-    except CheckpointError:
-      raise
-    except Exception as e:  # noqa: BLE001  (classified by failures.raise_for)
-      failure = e
-      failures.release_abandoned_reads(e)
-    missing_elsewhere = failures.agree_across_processes(failure, step, self.directory)
-    if failure is not None:
-      failures.raise_for(failure, step, self.directory, "an array file", missing_elsewhere)
-    if saved.checksums is None:
-      _log.warning("Checkpoint step %d in %s was written without checksums: its bytes are not verified.",
-                   step, self.directory)
-      return {**values, **empty}
-    damaged = saved.damaged(values)
-    if damaged:
-      shown = ", ".join(repr(n) for n in damaged[:5]) + (f" and {len(damaged) - 5} more" if len(damaged) > 5 else "")
-      raise CorruptCheckpointError(
-          f"Checkpoint step {step} in {self.directory} is damaged: leaf {shown} read back different from what "
-          "was written (checksum mismatch). restore_latest_valid() falls back to the newest intact step.",
-          step=step, leaves=tuple(damaged))
-    return {**values, **empty}
+  def _read_planned(self, step: int, saved: record.Record, plan: restore_plan.ReadPlan) -> Any:
+    """The leaves ``plan`` reads from ``step``, in ``plan.target``'s tree (the rest of it as given)."""
+    values = step_reads.read_arrays(self._mngr, self.directory, step, plan.read, saved, plan.partial)
+    return layout.rebuild(plan.target, plan.pairs, values, saved.leaves)
 
   def restore(self, target: Any, step: int | None = None, *, optimizer_changed: str = "error",
               opt_state_key: str = "opt_state") -> Restored:
@@ -346,25 +229,14 @@ class CheckpointManager:
     if optimizer_changed not in OPTIMIZER_CHANGED:
       raise ValueError(f"optimizer_changed must be one of {OPTIMIZER_CHANGED}, got {optimizer_changed!r}.")
     step = self._step(step)
-    saved, metadata = self._record(step)
-    # reinit reads no optimizer state (where quantized state lives): nothing to re-tile
-    read_target, retiled = ((target, []) if optimizer_changed == "reinit"
-                            else retile.saved_tiles(target, saved.leaves))
-    pairs, notes = layout.named_leaves(read_target), retile.code_notes(read_target)
-    what = f"Restoring step {step} from {self.directory}"
-    if optimizer_changed == "reinit":
-      _, pairs = split_optimizer(read_target, pairs, opt_state_key)
-      saved_rest = {n: s for n, s in saved.leaves.items() if not is_optimizer_leaf(n, opt_state_key)}
-      layout.check_same(saved_rest, layout.describe(pairs, notes), what)
-    else:
-      hint = lambda paths: _reinit_hint(paths, opt_state_key)
-      layout.check_same(saved.leaves, layout.describe(pairs, notes), what, hint,
-                        _class_differences(saved, target, "", opt_state_key))
-    values = self._read(step, pairs, saved, partial=len(pairs) < len(saved.leaves))
-    state = layout.rebuild(read_target, layout.named_leaves(read_target), values, saved.leaves)
+    saved, metadata = step_reads.read_record(self._mngr, self.directory, step)
+    plan = restore_plan.whole_state(target, saved, f"Restoring step {step} from {self.directory}",
+                                    optimizer_changed, opt_state_key)
+    state = self._read_planned(step, saved, plan)
     if optimizer_changed == "reinit":
       return Restored(fresh_opt_state(state, target, opt_state_key), step, metadata)
-    return Restored(_in_target_form(state, target, retiled, step), step, metadata, retiled=tuple(retiled))
+    return Restored(restore_plan.in_target_form(state, target, plan.retiled, step), step, metadata,
+                    retiled=tuple(plan.retiled))
 
   def restore_subtree(self, target: Any, prefix: str, step: int | None = None, *,
                       opt_state_key: str = "opt_state") -> Restored:
@@ -372,17 +244,12 @@ class CheckpointManager:
     quantized state saved in another form is re-tiled, and optimizer state of another class
     refused, as ``restore`` does."""
     step = self._step(step)
-    saved, metadata = self._record(step)
-    read_target, retiled = retile.saved_tiles(target, saved.leaves, prefix)
-    pairs = layout.named_leaves(read_target, prefix)
-    under = {n: s for n, s in saved.leaves.items() if n == prefix or n.startswith(prefix + ".")}
-    where = f"Restoring {prefix!r} of step {step} from {self.directory}"
-    _check_subtree_target(where, saved.leaves, under, read_target, prefix)
-    layout.check_same(under, layout.describe(pairs, retile.code_notes(read_target, prefix)),
-                      where, more=_class_differences(saved, target, prefix, opt_state_key))
-    values = self._read(step, pairs, saved, partial=True)
-    state = layout.rebuild(read_target, pairs, values, saved.leaves)
-    return Restored(_in_target_form(state, target, retiled, step), step, metadata, retiled=tuple(retiled))
+    saved, metadata = step_reads.read_record(self._mngr, self.directory, step)
+    plan = restore_plan.subtree(target, saved, prefix,
+                                f"Restoring {prefix!r} of step {step} from {self.directory}", opt_state_key)
+    state = self._read_planned(step, saved, plan)
+    return Restored(restore_plan.in_target_form(state, target, plan.retiled, step), step, metadata,
+                    retiled=tuple(plan.retiled))
 
   def restore_params(self, params_target: Any, step: int | None = None, *, prefix: str = "params") -> Restored:
     """Restores the params only (a TrainState's ``params`` by default)."""
@@ -415,44 +282,3 @@ class CheckpointManager:
                             + "".join(f"\n  step {s.step}: {s.reason}" for s in skipped),
                             skipped=skipped)
 
-
-def _check_subtree_target(where: str, saved: dict, under: dict, target: Any,
-                          prefix: str) -> None:
-  """Raises StructureMismatchError where nothing was saved under ``prefix`` (naming the saved
-  tree's top-level names), or where ``target`` is the whole saved state, not the subtree
-  under ``prefix`` (its leaves' names, without the prefix, are those saved under it)."""
-  if not under:
-    tops = sorted({name.split(".")[0] for name in saved})
-    raise StructureMismatchError(f"{where}: nothing was saved under {prefix!r}; the saved"
-                                 f" tree's top-level names are {tops}.")
-  whole = {name for name, _ in layout.named_leaves(target)}
-  if set(under) <= whole:
-    raise StructureMismatchError(
-        f"{where}: the target is the whole state (its leaves are named as saved, e.g."
-        f" {min(under)!r}), not the subtree under {prefix!r}: pass that subtree (e.g."
-        f" state[{prefix!r}]) as the target, or restore the whole state with restore().")
-
-
-def _class_differences(saved: record.Record, target: Any, prefix: str,
-                       opt_state_key: str) -> list[tuple[str, str]]:
-  """The optimizer-state nodes (under ``opt_state_key``) whose saved class is not the target's."""
-  return state_classes.differences(saved.classes, state_classes.of(target, prefix),
-                                   lambda name: is_optimizer_leaf(name, opt_state_key))
-
-
-def _in_target_form(state: Any, target: Any, retiled: list[str], step: int) -> Any:
-  """``state`` with the leaves named in ``retiled`` (read in their saved form) in ``target``'s
-  (``retile.retile``), said in a warning naming them."""
-  if not retiled:
-    return state
-  _log.warning("Step %d was saved with other quantization blocks or precision (another mesh): "
-               "re-encoded %d leaves in this mesh's blocks, or in float where it keeps them so (each "
-               "value within one quantization step): %s", step, len(retiled), ", ".join(retiled))
-  return retile.retile(state, target)
-
-
-def _reinit_hint(paths: list[str], opt_state_key: str) -> str:
-  if all(is_optimizer_leaf(n, opt_state_key) for n in paths):
-    return ("\nOnly the optimizer state differs: if the optimizer was changed on purpose, pass "
-            "optimizer_changed='reinit' to restore the rest with a fresh optimizer state.")
-  return ""
