@@ -1,6 +1,6 @@
 """The job's flags as resolved: the parser's defaults, then (with --resume)
 the flags saved with the run's newest checkpoint whose metadata is intact (the
-step the restore starts from: ``run_folder.saved_config``), then a --config file, then
+step the restore starts from: ``run_contents.saved_config``), then a --config file, then
 the command line. No jax imported (the resolved --cpu-devices must be set
 first).
 
@@ -16,7 +16,7 @@ import os
 
 from launch import cli
 from launch import run_config
-from launch import run_folder
+from launch import run_contents
 
 __all__ = ["given_flags", "resolve"]
 
@@ -29,12 +29,12 @@ def _resumed_run(given: dict) -> tuple[dict, list]:
   found = {}
   if given.get("checkpoint_dir") is None and given.get("out") is None:
     try:
-      found["out"] = str(run_folder.newest_resumable())
+      found["out"] = str(run_contents.newest_resumable())
     except cli.UsageError:
       return {}, []
   checkpoint_dir = given.get("checkpoint_dir") or os.path.join(
       given.get("out") or found["out"], "checkpoints")
-  saved = run_folder.saved_config(checkpoint_dir)
+  saved = run_contents.saved_config(checkpoint_dir)
   if saved:
     _refuse_changes(saved[0], given, f"{checkpoint_dir} (step {saved[1]})")
   if not saved:

@@ -35,7 +35,9 @@ import time
 
 from launch import cli
 from launch import flags
-from launch import run_folder
+from launch import folder_checks
+from launch import run_claim
+from launch import run_contents
 
 __all__ = ["SET_BY_LAUNCHER", "check_args", "free_port", "main", "parse_args", "process_commands",
            "run_processes"]
@@ -204,16 +206,16 @@ def _default_out(given: dict) -> str:
   newest one holding a checkpoint (``--resume auto``: else a new one; one a live run holds is
   refused as the job refuses it: '--resume: the newest run ... is in use'), otherwise a new
   name unique to this launcher (the job creates it)."""
-  fresh = str(run_folder.new_name(tag=str(os.getpid())))
+  fresh = str(run_claim.new_name(tag=str(os.getpid())))
   if not given.get("resume") or given.get("checkpoint_dir") is not None:
     return fresh
   try:
-    newest = str(run_folder.newest_resumable())
+    newest = str(run_contents.newest_resumable())
   except cli.UsageError:
     if given["resume"] == "auto":
       return fresh
     raise
-  run_folder.refuse_if_in_use(argparse.Namespace(  # named as the job alone names it
+  folder_checks.refuse_if_in_use(argparse.Namespace(  # named as the job alone names it
       out=newest, checkpoint_dir=None, out_is_newest_run=True))
   return newest
 

@@ -8,7 +8,7 @@ step). A second signal writes one line saying what it leaves behind, runs the
 with 128 + the signal number, without waiting for a save in flight.
 jax is imported only by ``agreed``. jax's preemption service, which
 ``jax.distributed.initialize`` starts by default, installs a C++ SIGTERM
-handler in place of this one: launch/job.py turns it off before joining.
+handler in place of this one: launch/processes.py turns it off before joining.
 """
 
 import os

@@ -16,6 +16,7 @@ import traceback
 
 from launch import cli
 from launch import flags
+from launch import folder_checks
 from launch import run_config
 from launch import run_folder
 from launch.cli import EXIT_DONE
@@ -41,7 +42,7 @@ def _run(args, stop: StopRequest) -> int:
     claim = run_folder.take(args)
     stop.on_abort(claim.abort)  # a second signal before step 1 leaves nothing either
   elif args.process_id == 0:  # process 0 takes the lock once the processes are joined
-    run_folder.refuse_if_in_use(args)  # at once, before jax is imported
+    folder_checks.refuse_if_in_use(args)  # at once, before jax is imported
   try:
     cli.set_cpu_devices(args.cpu_devices)
     restore_stdout = None

@@ -30,6 +30,8 @@ from launch import cli
 from launch import flags
 from launch import report
 from launch import resume
+from launch import run_claim
+from launch import run_contents
 from launch import run_folder
 from launch import run_lock
 from tests import launch_helpers as h
@@ -799,7 +801,7 @@ def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path, monkeyp
   monkeypatch.chdir(tmp_path)
   when = time.time()
   (first, made_first), (second, made_second) = (
-      run_folder.claim_new(run_folder.new_name(now=when)) for _ in range(2))
+      run_claim.claim_new(run_claim.new_name(now=when)) for _ in range(2))
   assert first != second and first.is_dir() and second.is_dir()
   assert second.name == first.name + "-2"
   assert made_first == ["runs", str(first)] and made_second == [str(second)]
@@ -1029,15 +1031,15 @@ def test_sigkill_during_a_save_then_a_full_restart(tmp_path):
   try:
     deadline = time.monotonic() + TIMEOUT
     while time.monotonic() < deadline and proc.poll() is None:
-      saving = run_folder.unfinished_saves(out / "checkpoints")
-      if saving and len(run_folder.finalized_steps(out / "checkpoints")) >= 2:
+      saving = run_contents.unfinished_saves(out / "checkpoints")
+      if saving and len(run_contents.finalized_steps(out / "checkpoints")) >= 2:
         os.killpg(proc.pid, signal.SIGKILL)
         break
       time.sleep(0.005)
     assert proc.wait(timeout=60) == -signal.SIGKILL, "no save was in flight to kill"
   finally:
     h.stop(proc)
-  done = run_folder.finalized_steps(out / "checkpoints")
+  done = run_contents.finalized_steps(out / "checkpoints")
   kept, first = step_files(out, done), records(out)
   result = job(tmp_path, *RUN, "--steps", str(done[-1] + 1), "--resume", "--out", str(out))
   assert result.code == 0, result.err[-2000:]

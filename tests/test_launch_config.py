@@ -16,7 +16,7 @@ from launch import defaults
 from launch import flags
 from launch import report
 from launch import run_config
-from launch import run_folder
+from launch import run_contents
 from launch import train
 from tests import launch_helpers as h
 
@@ -300,7 +300,7 @@ def test_resume_takes_the_saved_flags(tmp_path, capsys):
   assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
   assert [r["lr"] for r in records[4:]] == pytest.approx([0.001, 0.001])  # past the horizon 4
   assert all(r["tokens_per_s"] > 0 for r in records[4:])  # measured in the first window too
-  saved, step = run_folder.saved_config(out / "checkpoints")
+  saved, step = run_contents.saved_config(out / "checkpoints")
   assert step == 6 and (saved["optimizer"], saved["lr"], saved["schedule_steps"]) == (
       "adafactor", 0.01, 4)
 

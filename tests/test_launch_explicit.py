@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from launch import cli
-from launch import job
 from launch import model as model_lib
 from launch import train
+from launch import training_setup
+from launch.validation import checked_mesh
 from tests import launch_helpers
 
 _SMALL = ["--layers", "2", "--d-model", "32", "--heads", "2", "--head-dim", "16", "--mlp", "64",
@@ -29,11 +30,11 @@ def test_model_on_explicit_axes_matches_one_device(rules, scan):
   samples of one replicated sequence equal too."""
   args = cli.parse_args([*_SMALL, "--rules", rules, "--axis-types", "explicit",
                          *(["--scan-layers"] if scan else [])])
-  model = job._model(args)
-  mesh = job.checked_mesh(args)
+  model = training_setup.build_model(args)
+  mesh = checked_mesh(args)
   assert mesh.abstract_mesh.explicit_axes == ("data", "model")
-  _, _, abstract = job._param_layout(args, mesh, model)
-  params = job._init_params(args, model, jax.random.key(0))
+  _, _, abstract = training_setup.param_layout(args, mesh, model)
+  params = training_setup.init_params(args, model, jax.random.key(0))
   tokens = _tokens(8, 17)
   loss_and_grads = jax.value_and_grad(lambda p, t: model_lib.next_token_loss(model, p, t))
   want_loss, want_grads = jax.jit(loss_and_grads)(params, tokens)

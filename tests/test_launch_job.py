@@ -19,13 +19,14 @@ import partitioning
 import shardopt
 from launch import cli
 from launch import data
-from launch import job
 from launch import optim
 from launch import report
 from launch import steps
 from launch import tensorboard
 from launch import throughput
 from launch import train
+from launch import train_loop
+from launch import training_setup
 from launch.model import ModelConfig
 from launch.model import Transformer
 from launch.model import next_token_loss
@@ -134,7 +135,7 @@ def test_a_bucket_checkpoint_dir_reaches_the_checkpoints_as_a_url(monkeypatch):
   monkeypatch.setattr(checkpoints, "CheckpointManager",
                       lambda directory, policy: opened.append(os.fspath(directory)))
   for directory in ("gs://bucket/ck", "run/ck"):
-    job._open_manager(argparse.Namespace(  # pylint: disable=protected-access
+    train_loop.open_manager(argparse.Namespace(
         checkpoint_dir=directory, keep_checkpoints=3))
   assert opened == ["gs://bucket/ck", "run/ck"]
 
@@ -142,11 +143,11 @@ def test_a_bucket_checkpoint_dir_reaches_the_checkpoints_as_a_url(monkeypatch):
 def _flops(flags):
   """(FLOPs the job counts, FLOPs of the step's own lowering) of the tiny model's step."""
   args = cli.parse_args([*h.TINY, "--layers", "3", *flags])
-  mesh, model = checked_mesh(args), job._model(args)  # pylint: disable=protected-access
-  _, _, abstract = job._param_layout(args, mesh, model)  # pylint: disable=protected-access
-  opt, state, step = job._planned_step(args, model, abstract)  # pylint: disable=protected-access
+  mesh, model = checked_mesh(args), training_setup.build_model(args)
+  _, _, abstract = training_setup.param_layout(args, mesh, model)
+  opt, state, step = training_setup.planned_step(args, model, abstract)
   batch = jnp.zeros((args.batch, args.seq_len), jnp.int32)
-  counted = job._counted_step(args, opt, model)  # pylint: disable=protected-access
+  counted = training_setup.counted_step(args, opt, model)
   _, flops = throughput.compile_step(step, abstract, state, batch, counted=counted)
   return flops, step.lower(abstract, state, batch).cost_analysis()["flops"]
 

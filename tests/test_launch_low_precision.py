@@ -13,11 +13,12 @@ import pytest
 from benchmarks import resident
 import checkpoints
 from launch import cli
-from launch import job
 from launch import memory
 from launch import train
+from launch import training_setup
 from launch.model import ModelConfig
 from launch.model import Transformer
+from launch.validation import checked_mesh
 from tests import launch_helpers
 
 
@@ -54,10 +55,10 @@ def test_demo_training_state_is_five_bytes_per_param():
   args = cli.parse_args(["--mesh", "data=2,model=4", "--param-dtype", "bfloat16",
                          "--state-bits", "8"])
   assert args.correction_bits == 8
-  model = job._model(args)
-  _, _, abstract = job._param_layout(args, job.checked_mesh(args), model)
-  opt = job._sharded_optimizer(args, abstract)
-  params = jax.jit(lambda key: job._init_params(args, model, key),
+  model = training_setup.build_model(args)
+  _, _, abstract = training_setup.param_layout(args, checked_mesh(args), model)
+  opt = training_setup.sharded_optimizer(args, abstract)
+  params = jax.jit(lambda key: training_setup.init_params(args, model, key),
                    out_shardings=opt.param_shardings)(jax.random.key(0))
   state = opt.init(params)
   n_params = sum(p.size for p in jax.tree.leaves(params))

@@ -10,8 +10,9 @@ import pytest
 from benchmarks import resident
 import shardopt
 from launch import cli
-from launch import job
 from launch import train
+from launch import training_setup
+from launch.validation import checked_mesh
 from tests import launch_helpers
 
 
@@ -24,15 +25,15 @@ def test_demo_adamw_state_bytes_per_param(mesh, capsys):
   for bits, most in ((8, 2.1), (4, 1.1)):
     args = cli.parse_args(["--mesh", mesh, "--optimizer", "adamw",
                                     "--state-bits", str(bits)])
-    model, device_mesh = job._model(args), job.checked_mesh(args)
-    _, _, abstract = job._param_layout(args, device_mesh, model)
-    opt = job._sharded_optimizer(args, abstract)
+    model, device_mesh = training_setup.build_model(args), checked_mesh(args)
+    _, _, abstract = training_setup.param_layout(args, device_mesh, model)
+    opt = training_setup.sharded_optimizer(args, abstract)
     params = jax.tree.map(lambda a: jax.device_put(
         np.zeros(a.shape, a.dtype), a.sharding), abstract)
     state = opt.init(params)
     n_params = sum(np.prod(a.shape) for a in jax.tree.leaves(abstract))
     assert resident.unique_and_per_device(state)[0] / n_params <= most, (bits, mesh)
-    lines = job._quantized_lines(args, opt, abstract)
+    lines = training_setup.quantized_lines(args, opt, abstract)
     report = shardopt.describe_quantized_state(opt.tx, abstract,
                                                opt.update_shardings)
     assert len(lines) == len(report.kept) + 2

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from launch import run_config
-from launch import run_folder
+from launch import run_contents
 from tests import launch_helpers as h
 from tests.test_failure_modes import RUN, TIMEOUT, _damage_newest, hashes, job, usage_error
 from tests.test_failure_modes import run, trained  # noqa: F401  (fixtures: a copy of one run)
@@ -34,7 +34,7 @@ def test_damaged_metadata_of_the_newest_step_gives_no_flags(run, field, value):
   """The flags a resume takes come from the newest step whose metadata its record vouches for:
   a changed seed, mesh or keep_checkpoints in step 4's metadata leaves step 2's."""
   _edit_saved_config(run, 4, **{field: value})
-  config, step = run_folder.saved_config(run / "checkpoints")
+  config, step = run_contents.saved_config(run / "checkpoints")
   assert step == 2 and config[field] != value
 
 

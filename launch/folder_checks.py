@@ -1,0 +1,119 @@
+"""Whether a run's folders fit its arguments, read only: writable, holding what --resume (or a
+fresh start) needs, not another run's, not held by a live run (launch/run_lock.py).
+
+Each failure is a ``UsageError`` naming the flag. Nothing here imports jax, so
+``refuse_if_in_use`` runs before jax starts (launch/train.py, the local launcher).
+"""
+
+import argparse
+import os
+import pathlib
+
+from launch import run_contents
+from launch import run_lock
+from launch.cli import UsageError
+
+__all__ = ["DEFAULT_PLACE", "check_fits", "check_writable", "folders_to_lock",
+           "refuse_if_in_use"]
+
+DEFAULT_PLACE = f"{run_contents.RUNS} (where a run without --out goes)"  # named when in use
+
+
+def check_writable(flag: str, path: str) -> None:
+  """Raises UsageError when the local folder ``path`` exists and is not writable."""
+  if "://" not in path and os.path.exists(path) and not os.access(path, os.W_OK | os.X_OK):
+    raise UsageError(f"{flag} {path}: not writable (the job writes metrics and checkpoints"
+                     " there); make it writable or name another folder")
+
+
+def _check_contents(args: argparse.Namespace, steps: list[int]) -> None:
+  """Raises UsageError when the folder does not fit --resume (read only)."""
+  is_run = args.out is not None  # a run folder, not a bare --checkpoint-dir
+  holder = args.out if is_run else args.checkpoint_dir  # named in messages
+  apart = is_run and not _inside(args.checkpoint_dir, args.out)  # --checkpoint-dir elsewhere
+  if args.resume == "required" and not steps:
+    found = (f"--checkpoint-dir"
+             f" {run_contents.describe(args.checkpoint_dir, args.checkpoint_dir, False)}"
+             if apart else run_contents.describe(holder, args.checkpoint_dir, is_run))
+    raise UsageError(f"--resume: nothing to resume: {found}."
+                     " Start without --resume, or use --resume auto to start fresh when"
+                     " there is no checkpoint")
+  if args.resume and apart:
+    _refuse_another_runs_folder(args, steps)
+  if not args.resume and (steps or (is_run and run_contents.metrics_records(args.out))):
+    contents = run_contents.contents(pathlib.Path(holder), args.checkpoint_dir, is_run)
+    raise UsageError(f"{'--out' if is_run else '--checkpoint-dir'} {holder} already holds a"
+                     f" run ({contents}): pass --resume to continue it, or choose another"
+                     " --out or --checkpoint-dir to start afresh")
+
+
+def _refuse_another_runs_folder(args: argparse.Namespace, steps: list[int]) -> None:
+  """Raises UsageError when --out holds another run than the --checkpoint-dir (elsewhere) a
+  --resume continues or, with --resume auto, starts afresh in: runs told apart by what they
+  record, --out's own checkpoints and the folder the checkpoints' run saved as its --out."""
+  own = run_contents.finalized_steps(pathlib.Path(args.out) / "checkpoints")
+  records = run_contents.metrics_records(args.out)
+  if not steps and own:
+    raise UsageError(f"--resume auto: --out {run_contents.describe(args.out)} holds a run, and"
+                     f" --checkpoint-dir {args.checkpoint_dir} holds no checkpoint to continue it:"
+                     f" pass --checkpoint-dir {os.path.join(args.out, 'checkpoints')} to continue"
+                     " it, or choose another --out to start afresh")
+  saved = run_contents.saved_config(args.checkpoint_dir) if steps and records else None
+  run_out = saved and saved[0].get("out")
+  if isinstance(run_out, str) and os.path.realpath(run_out) != os.path.realpath(args.out):
+    raise UsageError(f"--resume: --out {run_contents.describe(args.out)} holds the metrics of"
+                     f" another run than the checkpoints in --checkpoint-dir"
+                     f" {args.checkpoint_dir} (written by the run in {run_out}): pass --out"
+                     f" {run_out}, or a new folder, to continue that run without mixing the two")
+
+
+def check_fits(args: argparse.Namespace, steps: list[int], own=(), locks: bool = True) -> None:
+  """``_check_contents``; where the folder does not fit and (``locks``) a live run other than
+  this one (whose lock files are ``own``) holds it, that it is in use instead: what was found
+  may be that run's, started a moment ago; --resume onto a live run is never advised."""
+  try:
+    _check_contents(args, steps)
+  except UsageError:
+    if locks:
+      refuse_if_in_use(args, own)
+    raise
+
+
+def _out_named(args: argparse.Namespace) -> tuple[str, str | None]:
+  """How messages name --out and the remedy they give (None: choose another --out): the
+  newest run where --resume found it."""
+  if args.out_is_newest_run:
+    return ("--resume: the newest run",
+            "pass --out naming the run to resume, or a new folder to start afresh")
+  return "--out", None
+
+
+def folders_to_lock(args: argparse.Namespace) -> list[tuple[str, str, str | None]]:
+  """(how messages name it, folder, the remedy they give or None) of each folder to lock:
+  --out, and --checkpoint-dir when it lies elsewhere (local paths only: a bucket has no lock
+  file)."""
+  named, fix = _out_named(args)
+  triples = [(named, args.out, fix)]
+  if "://" not in args.checkpoint_dir and not _inside(args.checkpoint_dir, args.out):
+    triples.append(("--checkpoint-dir", args.checkpoint_dir, None))
+  return triples
+
+
+def _inside(checkpoint_dir: str, out: str) -> bool:
+  """Whether ``checkpoint_dir`` is ``out`` or lies under it (``out``'s lock covers it)."""
+  checkpoint_dir, out = os.path.abspath(checkpoint_dir), os.path.abspath(out)
+  return checkpoint_dir == out or checkpoint_dir.startswith(out + os.sep)
+
+
+def refuse_if_in_use(args: argparse.Namespace, own=()) -> None:
+  """Raises UsageError when a live run other than this one (whose lock files are ``own``) holds
+  a folder of the arguments as given (``run_lock``): --out or, not given, ``RUNS`` (where the
+  run folder goes then), and --checkpoint-dir. Reads only."""
+  if args.out is None:
+    run_lock.refuse_if_inside(DEFAULT_PLACE, run_contents.RUNS, own)
+  else:
+    named, fix = _out_named(args)
+    run_lock.refuse_if_held(named, args.out, own, fix)
+    if args.checkpoint_dir and _inside(args.checkpoint_dir, args.out):
+      return  # --out's check covered it (a lock taken between the two was named --checkpoint-dir)
+  run_lock.refuse_if_held("--checkpoint-dir", args.checkpoint_dir, own)

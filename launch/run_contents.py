@@ -1,0 +1,100 @@
+"""What run folders hold, read without changing them: a checkpoint folder's steps, a run's
+metrics records, the flags saved with its newest step, which run to resume.
+
+Nothing here imports jax or orbax, so the local launcher and the flags
+(launch/flags.py) can use it. A step of a checkpoint folder is finalized when
+its directory has an integer name (Orbax writes into
+``<step>.orbax-checkpoint-tmp-*`` and renames it when the save is complete).
+"""
+
+import json
+import os
+import pathlib
+
+from etils import epath
+
+from checkpoints import digest
+from launch.cli import UsageError
+
+__all__ = ["LOGS", "RUNS", "contents", "describe", "finalized_steps", "metrics_records",
+           "newest_resumable", "saved_config", "unfinished_saves"]
+
+RUNS = pathlib.Path("runs")
+LOGS = ("metrics.jsonl", "samples.jsonl")  # a run's own log files: set aside by a fresh start
+
+
+def finalized_steps(checkpoint_dir) -> list[int]:
+  """Steps of the finalized checkpoints in ``checkpoint_dir``, ascending."""
+  path = epath.Path(checkpoint_dir)  # also gs:// and other URLs
+  if not path.is_dir():
+    return []
+  return sorted(int(p.name) for p in path.iterdir() if p.name.isdigit() and p.is_dir())
+
+
+def saved_config(checkpoint_dir) -> tuple[dict, int] | None:
+  """(the flags saved with the newest finalized step whose record vouches for its metadata,
+  that step), or None when no step has any: read from the step's JSON items
+  (``<step>/layout/metadata``, ``<step>/metadata/metadata``) and checked against the record's
+  digest (``checkpoints.digest``) without jax; a step that fails is passed over, as the
+  restore passes over it."""
+  for step in reversed(finalized_steps(checkpoint_dir)):
+    folder = epath.Path(checkpoint_dir) / str(step)
+    try:
+      metadata = json.loads((folder / "metadata" / "metadata").read_text())
+      digest.check(json.loads((folder / "layout" / "metadata").read_text()), metadata)
+    except (OSError, ValueError):
+      continue
+    if isinstance(metadata, dict) and isinstance(metadata.get("config"), dict):
+      return metadata["config"], step
+  return None
+
+
+def unfinished_saves(checkpoint_dir) -> list[str]:
+  """Names of the temporary folders of saves that never finished."""
+  path = epath.Path(checkpoint_dir)
+  if not path.is_dir():
+    return []
+  return sorted(p.name for p in path.iterdir() if "tmp" in p.name)
+
+
+def metrics_records(folder) -> int:
+  """How many lines ``folder/metrics.jsonl`` has (0 if none)."""
+  path = pathlib.Path(folder) / "metrics.jsonl"
+  return len(path.read_text().splitlines()) if path.is_file() else 0
+
+
+def contents(folder: pathlib.Path, checkpoint_dir, run_folder: bool) -> str:
+  """The checkpoints' steps and, in a run folder (not a bare --checkpoint-dir),
+  its metrics records."""
+  steps, unfinished = finalized_steps(checkpoint_dir), unfinished_saves(checkpoint_dir)
+  parts = [f"checkpoint steps {steps}" if steps else "no checkpoints"]
+  if unfinished:
+    parts.append(f"unfinished saves {', '.join(unfinished)}")
+  if run_folder:
+    parts.append(f"metrics.jsonl with {metrics_records(folder)} records")
+  return "; ".join(parts)
+
+
+def describe(folder, checkpoint_dir=None, run_folder: bool = True) -> str:
+  """What a run folder (or, not ``run_folder``, a bare --checkpoint-dir)
+  holds, in a few words (for error messages)."""
+  folder = pathlib.Path(folder)
+  checkpoint_dir = folder / "checkpoints" if checkpoint_dir is None else checkpoint_dir
+  if not folder.exists() and not epath.Path(checkpoint_dir).exists():
+    return f"{folder} (does not exist)"
+  return f"{folder} ({contents(folder, checkpoint_dir, run_folder)})"
+
+
+def newest_resumable(root: pathlib.Path = RUNS) -> pathlib.Path:
+  """The newest ``root/lm-*`` folder holding a finalized checkpoint.
+
+  Raises UsageError listing every run folder found when none has one.
+  """
+  folders = sorted(p for p in root.glob("lm-*") if p.is_dir())  # names start with the time
+  for folder in reversed(folders):
+    if finalized_steps(folder / "checkpoints"):
+      return folder
+  found = "; ".join(describe(f) for f in folders) if folders else f"no {root}/lm-* folders"
+  raise UsageError(f"--resume: nothing to resume in {os.path.abspath(root)}: found {found}."
+                   " Start without --resume, name the run with --out, or use --resume auto"
+                   " to start fresh when there is nothing to resume")
