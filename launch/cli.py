@@ -4,54 +4,35 @@ the job can set XLA_FLAGS (simulated CPU devices) from the arguments first.
 ``parse_args`` reads the command line alone; ``launch.flags.resolve`` (what
 the job runs) adds ``--config FILE`` and, with ``--resume``, the run's saved
 flags. Both check every argument that can be checked without devices
-(``check_args``) and fill the defaults that depend on other flags
-(``finish``: --lr and --schedule per optimizer, --schedule-steps,
---correction-bits); the mesh and what depends
-on it are checked by the job before it creates anything. A bad argument is a
-``UsageError``: ``train.main`` prints it as one ``error: ...`` line and exits 2.
+(``check_args``: ``launch.arg_checks``, ``launch.path_checks``) and fill the
+defaults that depend on other flags (``finish``: --lr and --schedule per
+optimizer, --schedule-steps, --correction-bits: ``launch.derived_flags``); the
+mesh and what depends on it are checked by the job before it creates anything.
+A bad argument is a ``UsageError`` (``launch.errors``, with the exit codes):
+``train.main`` prints it as one ``error: ...`` line and exits 2; the errors and
+the exit codes are importable from here too.
 """
 
 import argparse
-import importlib.util
-import math
 import os
-import pathlib
 
 from launch import defaults
-
-HYPERPARAMETER_FLAGS = ("b1", "b2", "eps", "weight_decay", "momentum")  # optimizer keywords
+from launch import derived_flags
+from launch.arg_checks import HYPERPARAMETER_FLAGS
+from launch.arg_checks import check_args
+from launch.errors import EXIT_CODES
+from launch.errors import EXIT_DONE
+from launch.errors import EXIT_ERROR
+from launch.errors import EXIT_NONFINITE
+from launch.errors import EXIT_STORAGE
+from launch.errors import EXIT_USAGE
+from launch.errors import NonFiniteError
+from launch.errors import StorageError
+from launch.errors import UsageError
 
 __all__ = ["EXIT_CODES", "EXIT_DONE", "EXIT_ERROR", "EXIT_NONFINITE", "EXIT_STORAGE",
-           "EXIT_USAGE", "HYPERPARAMETER_FLAGS", "NonFiniteError", "StorageError",
-           "UsageError", "blocking_part", "check_args", "explicit_flags", "finish",
-           "keyword_values", "parse_args", "set_cpu_devices", "several_processes", "step_range",
-           "url_packages"]
-
-EXIT_DONE, EXIT_ERROR, EXIT_USAGE, EXIT_NONFINITE, EXIT_STORAGE = 0, 1, 2, 3, 4
-EXIT_CODES = {  # the job's exit codes and what each means (--help lists them)
-    str(EXIT_DONE): "done, or stopped by SIGTERM/SIGINT (with a checkpoint saved, or before step"
-                    " 1 with nothing left behind)",
-    str(EXIT_USAGE): "a bad argument, or a run folder that does not fit them or is in use by"
-                     " another run (one error: line, nothing created or changed)",
-    str(EXIT_NONFINITE): "a non-finite loss or state (no checkpoint of it written)",
-    str(EXIT_STORAGE): "a file of the run could not be written: disk full, permission lost,"
-                       " filesystem gone (one line naming the path and the newest complete"
-                       " checkpoint)",
-    "128 + N": "stopped at once by a second signal N (launch/stop.py)",
-    str(EXIT_ERROR): "any other error (one line; --debug shows the traceback)",
-}
-
-
-class UsageError(Exception):
-  """A bad argument or a state of the run folder the arguments do not fit (exit 2)."""
-
-
-class NonFiniteError(Exception):
-  """The loss or the training state became non-finite (exit 3)."""
-
-
-class StorageError(Exception):
-  """Writing the run's files failed: disk full, permission lost, filesystem gone (exit 4)."""
+           "EXIT_USAGE", "NonFiniteError", "StorageError", "UsageError", "check_args",
+           "explicit_flags", "finish", "parse_args", "set_cpu_devices", "step_range"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -248,49 +229,6 @@ def _add_config(p) -> None:
                  " and the run folder are checked where the job runs")
 
 
-# Checks ------------------------------------------------------------------
-
-_AT_LEAST = {  # flag: smallest value
-    "steps": 1, "batch": 1, "seq_len": 2, "layers": 1, "d_model": 1, "heads": 1,
-    "head_dim": 1, "mlp": 1, "warmup_steps": 0, "checkpoint_every": 0,
-    "keep_checkpoints": 1, "log_every": 1, "cpu_devices": 0, "schedule_steps": 1,
-    "init_timeout": 1, "heartbeat_timeout": 1, "num_processes": 1, "process_id": 0,
-    "eval_every": 0, "eval_batches": 1, "sample_every": 0, "seed": 0,
-}
-_AT_MOST = {  # flag: (value, why)
-    "seed": (2**32 - 1, "jax's PRNG keys take 32-bit seeds"),
-    "lr": (3.4028234663852886e38, "the largest float32: the schedule computes in float32"),
-}
-
-_SMALLEST_NORMAL_FLOAT32 = 1.1754943508222875e-38
-
-
-def _flag(name: str) -> str:
-  return "--" + name.replace("_", "-")
-
-
-_KEYWORD_RANGES = {  # optimizer keyword: (lowest, highest) value, by its flag or by --opt
-    "b1": (0, 1), "b2": (0, 1), "momentum": (0, 1), "eps": (0, math.inf),
-    "eps_root": (0, math.inf), "weight_decay": (0, math.inf),
-}
-
-
-def keyword_values(args: argparse.Namespace) -> list[tuple[str, str, float]]:
-  """(as given, keyword, value) of each optimizer keyword the user gave: ``--b1 0.9``, then
-  ``--opt ns_steps=5``."""
-  flags = [(f"{_flag(name)} {getattr(args, name):g}", name, getattr(args, name))
-           for name in HYPERPARAMETER_FLAGS if getattr(args, name) is not None]
-  return flags + [(f"--opt {key}={value:g}", key, value) for key, value in args.opt]
-
-
-def _check_warmup(args: argparse.Namespace, given: bool) -> None:
-  """A --warmup-steps given must end before the warmup_cosine horizon; the default (or a
-  resume's saved value) is shortened to the horizon - 1 (``warmup_in_use``), as --help says."""
-  if given and args.schedule == "warmup_cosine" and args.warmup_steps >= args.schedule_steps:
-    raise UsageError(f"--warmup-steps {args.warmup_steps}: must be below the schedule's horizon"
-                     f" {args.schedule_steps} (--schedule-steps, which defaults to --steps)")
-
-
 def _check_profile_window(args: argparse.Namespace) -> None:
   """A --profile-steps given must start at --steps or before (a resume's start step is known
   once restored: ``launch.profile`` warns there)."""
@@ -301,223 +239,12 @@ def _check_profile_window(args: argparse.Namespace) -> None:
                      " or before")
 
 
-def _check_numbers(args: argparse.Namespace) -> None:
-  for name, low in _AT_LEAST.items():
-    value = getattr(args, name)
-    if value is not None and value < low:
-      raise UsageError(f"{_flag(name)} {value}: must be at least {low}")
-  for name, (high, why) in _AT_MOST.items():
-    value = getattr(args, name)
-    if value is not None and math.isfinite(value) and value > high:  # inf: below
-      raise UsageError(f"{_flag(name)} {value}: must be at most {high} ({why})")
-  for name in ("lr", "peak_tflops"):
-    value = getattr(args, name)
-    if value is not None and not (math.isfinite(value) and value > 0):
-      raise UsageError(f"{_flag(name)} {value}: must be a finite number > 0")
-  if args.lr is not None and args.lr < _SMALLEST_NORMAL_FLOAT32:
-    raise UsageError(f"--lr {args.lr}: must be at least {_SMALLEST_NORMAL_FLOAT32} (the"
-                     " smallest normal float32: the schedule computes in float32, where a"
-                     " smaller rate trains with 0 or a denormal)")
-  for name in ("clip_norm", "final_lr_ratio"):
-    value = getattr(args, name)
-    if not (math.isfinite(value) and value >= 0):
-      raise UsageError(f"{_flag(name)} {value}: must be a finite number >= 0")
-  for given, name, value in keyword_values(args):
-    low, high = _KEYWORD_RANGES.get(name, (-math.inf, math.inf))
-    if not (math.isfinite(value) and low <= value <= high):
-      bound = ("" if low == -math.inf else f" >= {low:g}" if high == math.inf
-               else f" from {low:g} to {high:g}")
-      raise UsageError(f"{given}: must be a finite number{bound}")
-  if args.d_model % 2:
-    raise UsageError(f"--d-model {args.d_model}: must be even (the position encoding pairs a sine"
-                     f" and a cosine per frequency), e.g. --d-model {args.d_model + 1}")
-
-
-def several_processes(args: argparse.Namespace) -> bool:
-  """Whether the arguments join a multi-process job."""
-  return bool(args.coordinator or args.auto_distributed or (args.num_processes or 1) > 1)
-
-
-def _check_coordinator(coordinator: str) -> None:
-  """--coordinator is HOST:PORT, the port a number from 1 to 65535."""
-  host, colon, port = coordinator.rpartition(":")
-  if not (colon and host.strip()):
-    raise UsageError(f"--coordinator {coordinator}: not HOST:PORT (process 0's address and a"
-                     " free port, e.g. 10.0.0.1:1234)")
-  if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
-    raise UsageError(f"--coordinator {coordinator}: the port must be a number from 1 to 65535")
-
-
-def _check_processes(args: argparse.Namespace) -> None:
-  if args.coordinator is not None:
-    _check_coordinator(args.coordinator)
-  if several_processes(args) and args.out is None:
-    raise UsageError("a multi-process job needs --out (the same folder for every process)")
-  if args.coordinator and (args.num_processes is None or args.process_id is None):
-    raise UsageError("--coordinator needs --num-processes and --process-id")
-  joining = [f"--num-processes {args.num_processes}"] if (args.num_processes or 1) > 1 else []
-  joining += [f"--process-id {args.process_id}"] if args.process_id is not None else []
-  if joining and not (args.coordinator or args.auto_distributed):  # else nothing joins them
-    raise UsageError(f"{' '.join(joining)} {'need' if len(joining) > 1 else 'needs'}"
-                     " --coordinator HOST:PORT (process 0's address, to join the other"
-                     " processes) or --auto-distributed")
-  if args.process_id is not None and args.num_processes is not None and (
-      args.process_id >= args.num_processes):
-    raise UsageError(f"--process-id {args.process_id}: must be below --num-processes"
-                     f" {args.num_processes}")
-
-
-def blocking_part(path: str) -> tuple[str, str] | None:
-  """(the part of ``path``, what it is) that keeps a folder from being there: ``path`` or a
-  folder above it that is a file, or a symbolic link to nothing; None when there is none."""
-  for part in (pathlib.Path(path), *pathlib.Path(path).parents):
-    if os.path.isdir(part):
-      return None
-    if os.path.islink(part) and not os.path.exists(part):
-      return str(part), f"a symbolic link to {os.readlink(part)}, which does not exist"
-    if os.path.exists(part):
-      return str(part), "a file, not a folder"
-  return None
-
-
-def url_packages(scheme: str) -> tuple[str, ...]:
-  """The packages through which etils.epath (which writes the checkpoints) reads
-  ``scheme``:// paths, any one of them enough: the one fsspec's registry names for the
-  scheme (gcsfs for gs://, s3fs for s3://), the one to install, then tensorflow (whose gfile
-  epath prefers where it is installed)."""
-  from fsspec.registry import known_implementations  # pylint: disable=import-outside-toplevel
-  implementation = known_implementations.get(scheme, {}).get("class")
-  return ((implementation.split(".")[0],) if implementation else ()) + ("tensorflow",)
-
-
-def _readable_scheme(scheme: str) -> bool:
-  """Whether etils.epath (which writes the checkpoints) makes a path of ``scheme``:// (it
-  raised KeyError for schemes it does not know, GS:// included: schemes are matched as
-  written)."""
-  from etils import epath  # pylint: disable=import-outside-toplevel
-  try:
-    epath.Path(f"{scheme}://bucket")
-  except KeyError:
-    return False
-  return True
-
-
-def _check_url(flag: str, path: str) -> None:
-  """A URL whose scheme etils.epath does not read is refused (naming the lower-case scheme
-  when that one is read); one read through packages none of which is installed
-  (``url_packages``) is refused, naming the package and the command that installs it."""
-  scheme, _, rest = path.partition("://")
-  if not _readable_scheme(scheme):
-    hint = (f"; write the scheme in lower case: {scheme.lower()}://{rest}"
-            if scheme != scheme.lower() and _readable_scheme(scheme.lower()) else "")
-    raise UsageError(f"{flag} {path}: etils.epath (which writes the checkpoints) reads no"
-                     f" {scheme}:// paths{hint}")
-  packages = url_packages(scheme)
-  if not any(importlib.util.find_spec(name) for name in packages):
-    raise UsageError(f"{flag} {path}: {scheme}:// paths need the package"
-                     f" {packages[0]}, which is not installed: pip install {packages[0]}")
-
-
-def check_paths(values: dict) -> None:
-  """Refuses an --out or --checkpoint-dir in ``values`` that the job cannot use: empty, a
-  URL as --out, a URL etils.epath cannot read (``_check_url``), a local path blocked by a
-  file. Run before anything reads those folders (``launch.flags`` runs it on the given flags
-  before a --resume reads the run's saved flags)."""
-  for name in ("out", "checkpoint_dir"):
-    path = values.get(name)
-    if path is not None and not path.strip():
-      raise UsageError(f"{_flag(name)} {path!r}: an empty path; name a folder")
-    if name == "out" and path is not None and "://" in path:
-      raise UsageError(f"--out {path}: must be a local folder (the metrics, the plot, the logs"
-                       " and the run's lock are written there as local files); keep the"
-                       f" checkpoints in a bucket with --checkpoint-dir {path.rstrip('/')}"
-                       "/checkpoints")
-    if path is not None and "://" in path:
-      _check_url(_flag(name), path)
-    blocked = blocking_part(path) if path is not None and "://" not in path else None
-    if blocked is not None:
-      part, what = blocked
-      where = "" if part == str(pathlib.Path(path)) else f"{part} "
-      raise UsageError(f"{_flag(name)} {path}: {where}is {what}; name another folder")
-  _check_checkpoints_folder(values)
-
-
-def _orbax_rewrites(path: str) -> bool:
-  """Whether orbax would write the local folder ``path`` somewhere else: it normalizes every
-  path it hands tensorstore by turning each 'gs:/' into 'gs://' (so that a gs:// URL
-  survives ``os.path.normpath``), and tensorstore refuses a local path holding '//'
-  (orbax 0.12: "Invalid file path" at the first save, after the training before it)."""
-  return "gs:/" in os.path.abspath(path)
-
-
-def _check_checkpoints_folder(values: dict) -> None:
-  """Refuses a local checkpoint folder (--checkpoint-dir, else --out, which holds them by
-  default) that orbax would write elsewhere (``_orbax_rewrites``)."""
-  name = "checkpoint_dir" if values.get("checkpoint_dir") is not None else "out"
-  path = values.get(name)
-  if path is not None and "://" not in path and _orbax_rewrites(path):
-    raise UsageError(f"{_flag(name)} {path}: orbax reads 'gs:/' in a local path as a gs:// URL"
-                     " and cannot write the checkpoints there; for a bucket write gs://...,"
-                     " for a local folder a path without 'gs:/'")
-
-
-def _check_precision(args: argparse.Namespace) -> None:
-  if args.correction_bits is not None and args.param_dtype != "bfloat16":
-    raise UsageError(f"--correction-bits {args.correction_bits}: corrects bfloat16 params;"
-                     " add --param-dtype bfloat16 or drop it")
-  own_bits = [value for key, value in args.opt if key == "state_bits"]
-  if args.state_bits is not None and own_bits:
-    raise UsageError(f"--state-bits {args.state_bits} with --opt state_bits={own_bits[0]:g}: both"
-                     " quantize the optimizer's state (the job's quantized_state around the"
-                     " optimizer's own), which is refused; give one of them")
-
-
-def check_args(args: argparse.Namespace) -> None:
-  """Raises UsageError naming the first flag whose value cannot work."""
-  _check_numbers(args)
-  _check_precision(args)
-  _check_processes(args)
-  check_paths(vars(args))
-
-
 def explicit_flags(argv: list[str]) -> dict:
   """The flags ``argv`` gives (by their names in the namespace), without defaults."""
   p = parser()
   for action in p._actions:  # pylint: disable=protected-access
     action.default = argparse.SUPPRESS
   return vars(p.parse_args(argv))
-
-
-def _derive(args: argparse.Namespace) -> dict:
-  """Fills the flags that default to a value derived from other flags and were left unset;
-  returns {name: (value, why)} of those it filled."""
-  derived = {}
-  if args.lr is None:
-    args.lr = defaults.learning_rate(args.optimizer)
-    derived["lr"] = (args.lr, f"{args.optimizer}'s default")
-  if args.schedule is None:
-    args.schedule = defaults.schedule(args.optimizer)
-    derived["schedule"] = (args.schedule, f"{args.optimizer}'s default")
-  if args.schedule_steps is None:
-    args.schedule_steps = args.steps
-    derived["schedule_steps"] = (args.steps, "--steps")
-  if args.param_dtype == "bfloat16" and args.correction_bits is None:
-    args.correction_bits = 8
-    derived["correction_bits"] = (8, "the default with --param-dtype bfloat16")
-  return derived
-
-
-def warmup_in_use(args: argparse.Namespace) -> int:
-  """The warmup steps of the warmup_cosine schedule: --warmup-steps, at most the horizon - 1."""
-  return min(args.warmup_steps, args.schedule_steps - 1)
-
-
-def _warmup_note(args: argparse.Namespace, saved: bool) -> tuple[int, str]:
-  """(value, why) of a --warmup-steps not given: the default, or a resume's saved value."""
-  source = ("the run's saved" if saved else "the default") + f" {args.warmup_steps}"
-  if args.schedule != "warmup_cosine":
-    return args.warmup_steps, f"{source}; --schedule {args.schedule} has no warmup"
-  return warmup_in_use(args), f"{source}, at most the schedule's horizon - 1"
 
 
 def finish(values: dict, given=None, given_before=()) -> argparse.Namespace:
@@ -539,11 +266,11 @@ def finish(values: dict, given=None, given_before=()) -> argparse.Namespace:
   args.out_is_newest_run = False  # --out is the run --resume found (``launch.flags``)
   vars(args).update(values)
   check_args(args)
-  args.derived = _derive(args)
-  _check_warmup(args, "warmup_steps" in given)
+  args.derived = derived_flags.derive(args)
+  derived_flags.check_warmup(args, "warmup_steps" in given)
   args.given = sorted((given | set(given_before)) & set(vars(parser().parse_args([]))))
   if "warmup_steps" not in args.given:
-    args.derived["warmup_steps"] = _warmup_note(args, saved="warmup_steps" in values)
+    args.derived["warmup_steps"] = derived_flags.warmup_note(args, saved="warmup_steps" in values)
   if "profile_steps" in given:
     _check_profile_window(args)
   return args

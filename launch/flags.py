@@ -15,6 +15,7 @@ import argparse
 import os
 
 from launch import cli
+from launch import path_checks
 from launch import run_config
 from launch import run_contents
 
@@ -67,7 +68,7 @@ def given_flags(argv=None) -> dict:
 def resolve(argv=None) -> argparse.Namespace:
   """The checked flags of this invocation (see the module docstring)."""
   given = given_flags(argv)
-  cli.check_paths(given)  # before a --resume reads the folders
+  path_checks.check_paths(given)  # before a --resume reads the folders
   saved, given_before = _resumed_run(given) if given.get("resume") else ({}, [])
   args = cli.finish({**saved, **given}, given, given_before)
   args.out_is_newest_run = "out" in saved  # never inherited: found by --resume

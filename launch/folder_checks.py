@@ -11,7 +11,7 @@ import pathlib
 
 from launch import run_contents
 from launch import run_lock
-from launch.cli import UsageError
+from launch.errors import UsageError
 
 __all__ = ["DEFAULT_PLACE", "check_fits", "check_writable", "folders_to_lock",
            "refuse_if_in_use"]

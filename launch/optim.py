@@ -8,7 +8,7 @@ names (a count, a switch, a float; a keyword taking no number is refused), and
 the learning rate as the alias's annotation declares it (a schedule, or a
 number: then --schedule must be constant), and wraps it with global-norm
 clipping when asked. An alias the job's step cannot train (``NOT_IN_THE_JOB``)
-is refused, saying why. Arguments that cannot work are a ``cli.UsageError``
+is refused, saying why. Arguments that cannot work are a ``UsageError``
 naming them; what the alias itself raises is raised as it is.
 """
 
@@ -18,8 +18,9 @@ import inspect
 import typing
 
 import shardopt
-from launch import cli
-from launch.cli import UsageError
+from launch import arg_checks
+from launch import derived_flags
+from launch.errors import UsageError
 
 __all__ = ["NOT_IN_THE_JOB", "build_optimizer", "build_schedule", "update_arguments",
            "with_param_dtype", "with_state_bits"]
@@ -51,7 +52,7 @@ def build_schedule(args: argparse.Namespace) -> shardopt.Schedule:
     return shardopt.linear_schedule(peak, end, steps)
   if args.schedule == "warmup_cosine":
     return shardopt.warmup_cosine_decay_schedule(
-        0.0, peak, cli.warmup_in_use(args), steps, end_value=end)
+        0.0, peak, derived_flags.warmup_in_use(args), steps, end_value=end)
   raise UsageError(f"--schedule {args.schedule!r}: expected constant, cosine,"
                    " warmup_cosine or linear.")
 
@@ -118,10 +119,10 @@ def _shown(annotation) -> str:
 
 
 def optimizer_kwargs(args: argparse.Namespace, factory) -> dict:
-  """The keyword arguments the user set (``cli.keyword_values``), checked against the alias's
-  signature and typed by it."""
+  """The keyword arguments the user set (``arg_checks.keyword_values``), checked against the
+  alias's signature and typed by it."""
   given = {}  # keyword: (as given, value)
-  for spelled, key, value in cli.keyword_values(args):
+  for spelled, key, value in arg_checks.keyword_values(args):
     if key in JOB_SETS:
       raise UsageError(f"--opt {key}: the job sets it (use {JOB_SETS[key]})")
     if key in given:

@@ -28,7 +28,7 @@ from typing import NoReturn
 
 import checkpoints
 from launch import run_config
-from launch.cli import UsageError
+from launch.errors import UsageError
 
 __all__ = ["RETRY_MISSING_S", "check_config", "check_lines", "restore", "set_aside_torn_line"]
 

@@ -12,8 +12,8 @@ import pathlib
 import shutil
 import time
 
-from launch.cli import UsageError
-from launch.cli import blocking_part
+from launch.errors import UsageError
+from launch.path_checks import blocking_part
 from launch.run_contents import RUNS
 
 __all__ = ["Claim", "claim_new", "make_folders", "new_name"]

@@ -24,6 +24,7 @@ import pathlib
 import tomllib
 
 from launch import cli
+from launch import derived_flags
 
 __all__ = ["INVOCATION", "MAY_CHANGE", "NOT_INHERITED", "compare", "config_of",
            "defines_run", "describe_changes", "flags_of", "inherited", "read_file",
@@ -225,11 +226,12 @@ def defines_run(name: str) -> bool:
 
 def _in_use(config: dict) -> dict:
   """The flags of ``config`` that define the run, with the values the run uses: the warmup of
-  a warmup_cosine schedule as shortened (``cli.warmup_in_use``), none for another schedule."""
+  a warmup_cosine schedule as shortened (``derived_flags.warmup_in_use``), none for another
+  schedule."""
   used = {name: value for name, value in config.items() if defines_run(name)}
   warmup = used.pop("warmup_steps", None)
   if used.get("schedule") == "warmup_cosine" and warmup is not None:
-    used["warmup_steps"] = cli.warmup_in_use(argparse.Namespace(**config))
+    used["warmup_steps"] = derived_flags.warmup_in_use(argparse.Namespace(**config))
   return used
 
 

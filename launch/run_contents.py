@@ -14,7 +14,7 @@ import pathlib
 from etils import epath
 
 from checkpoints import digest
-from launch.cli import UsageError
+from launch.errors import UsageError
 
 __all__ = ["LOGS", "RUNS", "contents", "describe", "finalized_steps", "metrics_records",
            "newest_resumable", "saved_config", "unfinished_saves"]

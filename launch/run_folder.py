@@ -21,7 +21,7 @@ import pathlib
 from launch import folder_checks
 from launch import run_contents
 from launch import run_lock
-from launch.cli import UsageError
+from launch.errors import UsageError
 from launch.run_claim import Claim
 from launch.run_claim import claim_new
 from launch.run_claim import make_folders

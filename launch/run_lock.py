@@ -36,8 +36,8 @@ import threading
 import time
 import uuid
 
-from launch.cli import StorageError
-from launch.cli import UsageError
+from launch.errors import StorageError
+from launch.errors import UsageError
 
 __all__ = ["HEARTBEAT_S", "LOCK_NAME", "STALE_AFTER_S", "Holder", "RunLock", "holder_of",
            "refuse_if_held", "refuse_if_inside"]

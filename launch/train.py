@@ -14,16 +14,17 @@ import os
 import sys
 import traceback
 
+from launch import arg_checks
 from launch import cli
 from launch import flags
 from launch import folder_checks
 from launch import run_config
 from launch import run_folder
-from launch.cli import EXIT_DONE
-from launch.cli import EXIT_ERROR
-from launch.cli import EXIT_NONFINITE
-from launch.cli import EXIT_STORAGE
-from launch.cli import EXIT_USAGE
+from launch.errors import EXIT_DONE
+from launch.errors import EXIT_ERROR
+from launch.errors import EXIT_NONFINITE
+from launch.errors import EXIT_STORAGE
+from launch.errors import EXIT_USAGE
 from launch.stop import StopRequest
 
 
@@ -38,7 +39,7 @@ def _error(error: Exception, debug: bool, named: bool) -> None:
 
 def _run(args, stop: StopRequest) -> int:
   claim = None
-  if not cli.several_processes(args):  # its one process owns the folder: taken before jax
+  if not arg_checks.several_processes(args):  # its one process owns the folder: taken before jax
     claim = run_folder.take(args)
     stop.on_abort(claim.abort)  # a second signal before step 1 leaves nothing either
   elif args.process_id == 0:  # process 0 takes the lock once the processes are joined
@@ -46,7 +47,7 @@ def _run(args, stop: StopRequest) -> int:
   try:
     cli.set_cpu_devices(args.cpu_devices)
     restore_stdout = None
-    if cli.several_processes(args):  # gloo's collectives print connection lines to stdout
+    if arg_checks.several_processes(args):  # gloo's collectives print connection lines to stdout
       from launch import quiet_stdout  # pylint: disable=import-outside-toplevel
       restore_stdout = quiet_stdout.python_only()
     try:

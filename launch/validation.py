@@ -17,10 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from launch import data
-from launch.cli import HYPERPARAMETER_FLAGS
-from launch.cli import NonFiniteError
-from launch.cli import UsageError
-from launch.cli import keyword_values
+from launch.arg_checks import HYPERPARAMETER_FLAGS
+from launch.arg_checks import keyword_values
+from launch.errors import NonFiniteError
+from launch.errors import UsageError
 from launch.optim import build_optimizer
 from launch.optim import with_param_dtype
 from launch.optim import with_state_bits
@@ -46,7 +46,7 @@ def as_usage_error(flags: str):
 
 
 def with_optimizer_defaults(args: argparse.Namespace) -> argparse.Namespace:
-  """``args`` without the optimizer keyword values given (``cli.keyword_values``): the
+  """``args`` without the optimizer keyword values given (``arg_checks.keyword_values``): the
   optimizer takes its own defaults."""
   return argparse.Namespace(**{**vars(args), **dict.fromkeys(HYPERPARAMETER_FLAGS), "opt": []})
 

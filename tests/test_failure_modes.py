@@ -28,6 +28,7 @@ import pytest
 
 from launch import cli
 from launch import flags
+from launch import path_checks
 from launch import report
 from launch import resume
 from launch import run_claim
@@ -829,10 +830,10 @@ def test_cluster_scripts_resume_auto():
 
 def test_the_tpu_script_installs_what_its_bucket_needs():
   """tpu_pod.sh keeps the checkpoints in a gs:// bucket: it installs the gcs extra, which names
-  the package the job needs for gs:// (cli.url_packages); it installed neither."""
+  the package the job needs for gs:// (path_checks.url_packages); it installed neither."""
   extras = tomllib.loads((h.ROOT / "pyproject.toml").read_text())["project"][
       "optional-dependencies"]
-  assert cli.url_packages("gs")[0] in extras["gcs"]
+  assert path_checks.url_packages("gs")[0] in extras["gcs"]
   script = (h.ROOT / "launch" / "scripts" / "tpu_pod.sh").read_text()
   assert 'OUT="${OUT:-gs://' in script and "pip install -q -e '.[gcs]'" in script
 

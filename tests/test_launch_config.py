@@ -13,6 +13,7 @@ import pytest
 from checkpoints import digest
 from launch import cli
 from launch import defaults
+from launch import derived_flags
 from launch import flags
 from launch import report
 from launch import run_config
@@ -397,7 +398,7 @@ def test_a_resumes_printed_config_pins_the_warmup_the_run_was_given(tmp_path, ca
   assert "warmup_steps = 3" in lines
   path = _written(tmp_path, "r.toml", "\n".join(lines) + "\n")
   new = flags.resolve(["--config", path, "--out", str(tmp_path / "new")])
-  assert (new.warmup_steps, cli.warmup_in_use(new), new.steps) == (3, 3, 30)
+  assert (new.warmup_steps, derived_flags.warmup_in_use(new), new.steps) == (3, 3, 30)
   resumed = flags.resolve([*resume, "--steps", "40"])  # given on resume: compared, not saved
   assert resumed.given == ["out", "resume", "steps", "warmup_steps"]
   refused, _ = run_config.compare(config, run_config.config_of(resumed, 1, 8))

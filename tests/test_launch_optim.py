@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from launch import arg_checks
 from launch import cli
 from launch import optim
 from launch import validation
@@ -53,7 +54,7 @@ def test_fractions_pass_as_given(tmp_path, name):
   assert keywords
   argv = []
   for k in keywords:
-    argv += ([f"--{k.replace('_', '-')}", "0.375"] if k in cli.HYPERPARAMETER_FLAGS
+    argv += ([f"--{k.replace('_', '-')}", "0.375"] if k in arg_checks.HYPERPARAMETER_FLAGS
              else ["--opt", f"{k}=0.375"])
   kwargs = optim.optimizer_kwargs(_args(tmp_path, "--optimizer", name, *argv), factory)
   assert kwargs == {k: 0.375 for k in keywords}
