@@ -27,8 +27,13 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # alike.
 _DEFAULT_CODEGEN_ENV = "SHARDOPT_TESTS_DEFAULT_CODEGEN"
 _DEFAULT_CODEGEN = os.environ.get(_DEFAULT_CODEGEN_ENV) == "1"
+# XLA:CPU aborts the process when a simulated device reaches a collective's
+# rendezvous 40 s after the others (its default): on 2 loaded cores, with a
+# job or a multi-process test running beside, a worker aborted so in CI
+# ("Fatal Python error: Aborted" in a sharded step). 600 s bounds a real hang.
 _SUITE_FLAGS = ("--xla_force_host_platform_device_count=8",
-                "--xla_backend_optimization_level=0")
+                "--xla_backend_optimization_level=0",
+                "--xla_cpu_collective_call_terminate_timeout_seconds=600")
 _ELEMENTAL_EMITTER = "--xla_cpu_use_fusion_emitters=false"
 # The user's flags without the suite's (xdist's workers inherit the flags this
 # file set in their controller).
