@@ -1,4 +1,7 @@
-"""The checkpoint directory: absolute, a directory, writable, checked when a manager is built."""
+"""The checkpoint directory: absolute, a directory, writable, checked when a manager is built.
+
+Imports neither jax nor orbax: the job checks its flags with ``orbax_rewrites`` before jax
+starts."""
 
 import os
 import uuid
@@ -7,7 +10,7 @@ from etils import epath
 
 from checkpoints.errors import CheckpointDirectoryError
 
-__all__ = ["checked_directory"]
+__all__ = ["checked_directory", "orbax_rewrites"]
 
 
 def _absolute(directory) -> epath.Path:
@@ -15,6 +18,15 @@ def _absolute(directory) -> epath.Path:
   URLs such as ``gs://bucket/run`` are kept as given."""
   text = os.fspath(directory)
   return epath.Path(text if "://" in text else os.path.abspath(text))
+
+
+def orbax_rewrites(directory) -> bool:
+  """Whether orbax would write the local directory ``directory`` somewhere else: it turns
+  every 'gs:/' in a path it hands tensorstore into 'gs://' (so that a gs:// URL survives
+  ``os.path.normpath``), and tensorstore refuses the local path that makes (orbax 0.12:
+  "Invalid file path" at the first save). False for a URL."""
+  text = os.fspath(directory)
+  return "://" not in text and "gs:/" in os.path.abspath(text)
 
 
 def _probe_write(path: epath.Path) -> None:
@@ -35,7 +47,7 @@ def checked_directory(directory, *, read_only: bool = False) -> epath.Path:
   path = _absolute(directory)
   if "://" in os.fspath(path):
     return path  # remote storage: checked by its own client on first use
-  if "gs:/" in os.fspath(path):  # orbax turns it into 'gs://', a path tensorstore refuses
+  if orbax_rewrites(path):
     raise CheckpointDirectoryError(
         f"Checkpoint directory {path}: orbax reads 'gs:/' in a local path as a gs:// URL and "
         "cannot write checkpoints there; for a bucket pass gs://..., for a local directory a "

@@ -9,6 +9,7 @@ import importlib.util
 import os
 import pathlib
 
+from checkpoints.directory import orbax_rewrites
 from launch.errors import UsageError
 from launch.errors import flag
 
@@ -90,20 +91,12 @@ def check_paths(values: dict) -> None:
   _check_checkpoints_folder(values)
 
 
-def _orbax_rewrites(path: str) -> bool:
-  """Whether orbax would write the local folder ``path`` somewhere else: it normalizes every
-  path it hands tensorstore by turning each 'gs:/' into 'gs://' (so that a gs:// URL
-  survives ``os.path.normpath``), and tensorstore refuses a local path holding '//'
-  (orbax 0.12: "Invalid file path" at the first save, after the training before it)."""
-  return "gs:/" in os.path.abspath(path)
-
-
 def _check_checkpoints_folder(values: dict) -> None:
   """Refuses a local checkpoint folder (--checkpoint-dir, else --out, which holds them by
-  default) that orbax would write elsewhere (``_orbax_rewrites``)."""
+  default) that orbax would write elsewhere (``checkpoints.directory.orbax_rewrites``)."""
   name = "checkpoint_dir" if values.get("checkpoint_dir") is not None else "out"
   path = values.get(name)
-  if path is not None and "://" not in path and _orbax_rewrites(path):
+  if path is not None and orbax_rewrites(path):
     raise UsageError(f"{flag(name)} {path}: orbax reads 'gs:/' in a local path as a gs:// URL"
                      " and cannot write the checkpoints there; for a bucket write gs://...,"
                      " for a local folder a path without 'gs:/'")
