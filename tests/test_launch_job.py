@@ -162,8 +162,12 @@ def test_flops_of_a_scanned_model_count_every_layer():
 
 
 @pytest.mark.slow
-def test_train_step_losses_equal_opt_train_step_bit_for_bit():
-  """The job's step is ``opt.train_step`` with the norms: same losses."""
+def test_train_step_losses_equal_opt_train_step():
+  """The job's step is ``opt.train_step`` with the norms: the same losses to float32 rounding.
+
+  Not bit for bit: the norms make it another program, which XLA may compile to other
+  instructions for the same update (on one CPU with AVX-512 the step-2 losses were 9e-8
+  apart relative; on another they were equal)."""
   mesh = partitioning.make_mesh({"data": 4, "model": 2})
   model = Transformer(TINY_MODEL)
   shapes = jax.eval_shape(model.init, jax.random.key(0),
@@ -184,7 +188,7 @@ def test_train_step_losses_equal_opt_train_step_bit_for_bit():
       batch = data.sharded_batch(train_bytes, 0, i, BATCH, SEQ_LEN, mesh)
       params, state, loss, *_ = step(params, state, batch)
       losses[name].append(np.float32(loss))
-  np.testing.assert_array_equal(losses["job"], losses["opt"])
+  np.testing.assert_allclose(losses["job"], losses["opt"], rtol=1e-6)
 
 
 def test_event_files_read_by_tensorboard(tmp_path):
