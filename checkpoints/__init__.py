@@ -10,7 +10,7 @@ Its names are imported when first used (PEP 562), so a module of the package tha
 imports neither jax nor orbax (``checkpoints.digest``) can be used before jax starts.
 """
 
-import importlib
+import importlib as _importlib
 
 _EXPORTS = {
     "BarrierTimeoutError": "checkpoints.errors",
@@ -37,7 +37,7 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str):
   if name not in _EXPORTS:
     raise AttributeError(f"module 'checkpoints' has no attribute {name!r}")
-  value = getattr(importlib.import_module(_EXPORTS[name]), name)
+  value = getattr(_importlib.import_module(_EXPORTS[name]), name)
   globals()[name] = value
   return value
 

@@ -76,6 +76,16 @@ def test_namespaces_export_no_private_helpers(namespace):
   assert not foreign, foreign  # e.g. an ``import functools`` left public
 
 
+@pytest.mark.parametrize("package", ["checkpoints", "partitioning"])
+def test_the_other_packages_export_no_foreign_module(package):
+  """Every public attribute of ``checkpoints`` and ``partitioning`` is their own: a name or a
+  module of the package, never a module it imports (``checkpoints.importlib`` was one)."""
+  module = importlib.import_module(package)
+  foreign = [n for n in dir(module) if not n.startswith("_") and inspect.ismodule(
+      getattr(module, n)) and not getattr(module, n).__name__.startswith(package + ".")]
+  assert not foreign, foreign
+
+
 @pytest.mark.parametrize("name", ["dpsgd", "differentially_private_aggregate",
                                   "DifferentiallyPrivateAggregateState"])
 def test_top_level_privacy_names_warn_as_optaxs_do(name):
