@@ -8,7 +8,16 @@ __all__ = [
     "CorruptCheckpointError",
     "NoCheckpointError",
     "StructureMismatchError",
+    "quoted_names",
 ]
+
+
+def quoted_names(names, shown: int = 5) -> str:
+  """The first ``shown`` of ``names`` quoted, and how many more (``'a', 'b' and 3 more``): a
+  message names a few leaves, however many there are."""
+  names = list(names)
+  more = f" and {len(names) - shown} more" if len(names) > shown else ""
+  return ", ".join(repr(n) for n in names[:shown]) + more
 
 
 class CheckpointError(Exception):

@@ -202,10 +202,14 @@ class CheckpointManager:
     """The user metadata saved with a step (default: latest)."""
     return step_reads.read_record(self._mngr, self.directory, self._step(step))[1]
 
-  def _read_planned(self, step: int, saved: record.Record, plan: restore_plan.ReadPlan) -> Any:
-    """The leaves ``plan`` reads from ``step``, in ``plan.target``'s tree (the rest of it as given)."""
+  def _read_planned(self, step: int, saved: record.Record, metadata: dict,
+                    plan: restore_plan.ReadPlan, target: Any) -> Restored:
+    """The leaves ``plan`` reads from ``step``, in ``target``'s tree and form (the leaves it
+    does not read as given; those read in another quantized form re-tiled)."""
     values = step_reads.read_arrays(self._mngr, self.directory, step, plan.read, saved, plan.partial)
-    return layout.rebuild(plan.target, plan.pairs, values, saved.leaves)
+    state = layout.rebuild(plan.target, plan.pairs, values, saved.leaves)
+    return Restored(restore_plan.in_target_form(state, target, plan.retiled, step), step, metadata,
+                    retiled=tuple(plan.retiled))
 
   def restore(self, target: Any, step: int | None = None, *, optimizer_changed: str = "error",
               opt_state_key: str = "opt_state") -> Restored:
@@ -232,11 +236,10 @@ class CheckpointManager:
     saved, metadata = step_reads.read_record(self._mngr, self.directory, step)
     plan = restore_plan.whole_state(target, saved, f"Restoring step {step} from {self.directory}",
                                     optimizer_changed, opt_state_key)
-    state = self._read_planned(step, saved, plan)
-    if optimizer_changed == "reinit":
-      return Restored(fresh_opt_state(state, target, opt_state_key), step, metadata)
-    return Restored(restore_plan.in_target_form(state, target, plan.retiled, step), step, metadata,
-                    retiled=tuple(plan.retiled))
+    restored = self._read_planned(step, saved, metadata, plan, target)
+    if optimizer_changed == "reinit":  # nothing re-tiled: the optimizer state was not read
+      return restored._replace(state=fresh_opt_state(restored.state, target, opt_state_key))
+    return restored
 
   def restore_subtree(self, target: Any, prefix: str, step: int | None = None, *,
                       opt_state_key: str = "opt_state") -> Restored:
@@ -247,9 +250,7 @@ class CheckpointManager:
     saved, metadata = step_reads.read_record(self._mngr, self.directory, step)
     plan = restore_plan.subtree(target, saved, prefix,
                                 f"Restoring {prefix!r} of step {step} from {self.directory}", opt_state_key)
-    state = self._read_planned(step, saved, plan)
-    return Restored(restore_plan.in_target_form(state, target, plan.retiled, step), step, metadata,
-                    retiled=tuple(plan.retiled))
+    return self._read_planned(step, saved, metadata, plan, target)
 
   def restore_params(self, params_target: Any, step: int | None = None, *, prefix: str = "params") -> Restored:
     """Restores the params only (a TrainState's ``params`` by default)."""

@@ -9,6 +9,7 @@ import jax
 
 from checkpoints import layout
 from checkpoints.errors import CheckpointError
+from checkpoints.errors import quoted_names
 
 __all__ = ["checked_json", "checked_step", "refuse_deleted"]
 
@@ -27,8 +28,7 @@ def refuse_deleted(step: int, state: Any) -> None:
           if isinstance(leaf, jax.Array) and leaf.is_deleted()]
   if dead:
     raise CheckpointError(
-        f"save({step}): the arrays of {', '.join(repr(n) for n in dead[:5])}"
-        f"{f' and {len(dead) - 5} more leaves' if len(dead) > 5 else ''} were deleted: donated"
+        f"save({step}): the arrays of {quoted_names(dead)} were deleted: donated"
         " to a jitted call (the sharded step consumes the params and state it is given and"
         " returns new ones). Save the params and state that call returned.")
 

@@ -13,6 +13,7 @@ from checkpoints import layout
 from checkpoints import record
 from checkpoints.errors import CheckpointError
 from checkpoints.errors import CorruptCheckpointError
+from checkpoints.errors import quoted_names
 
 __all__ = ["read_arrays", "read_record"]
 
@@ -73,9 +74,8 @@ def read_arrays(mngr: ocp.CheckpointManager, directory, step: int, pairs: list,
     return {**values, **empty}
   damaged = saved.damaged(values)
   if damaged:
-    shown = ", ".join(repr(n) for n in damaged[:5]) + (f" and {len(damaged) - 5} more" if len(damaged) > 5 else "")
     raise CorruptCheckpointError(
-        f"Checkpoint step {step} in {directory} is damaged: leaf {shown} read back different from what "
+        f"Checkpoint step {step} in {directory} is damaged: leaf {quoted_names(damaged)} read back different from what "
         "was written (checksum mismatch). restore_latest_valid() falls back to the newest intact step.",
         step=step, leaves=tuple(damaged))
   return {**values, **empty}

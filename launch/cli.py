@@ -29,6 +29,7 @@ from launch.errors import EXIT_USAGE
 from launch.errors import NonFiniteError
 from launch.errors import StorageError
 from launch.errors import UsageError
+from launch.errors import flag
 
 __all__ = ["EXIT_CODES", "EXIT_DONE", "EXIT_ERROR", "EXIT_NONFINITE", "EXIT_STORAGE",
            "EXIT_USAGE", "NonFiniteError", "StorageError", "UsageError", "check_args",
@@ -95,7 +96,7 @@ def _add_optimizer(p) -> None:
                  help="peak learning rate; default per optimizer, the best of"
                  f" {defaults.SOURCE}: {defaults.describe()}")
   for name in HYPERPARAMETER_FLAGS:
-    g.add_argument("--" + name.replace("_", "-"), type=float, default=None,
+    g.add_argument(flag(name), type=float, default=None,
                    help="passed to the optimizer if given (its default otherwise)")
   g.add_argument("--opt", type=_key_value, action="append", default=[], metavar="NAME=NUMBER",
                  help="any other keyword argument of the optimizer; repeatable")

@@ -12,7 +12,6 @@ given again are compared with the saved ones when the checkpoint is restored
 """
 
 import argparse
-import os
 
 from launch import cli
 from launch import path_checks
@@ -33,8 +32,8 @@ def _resumed_run(given: dict) -> tuple[dict, list]:
       found["out"] = str(run_contents.newest_resumable())
     except cli.UsageError:
       return {}, []
-  checkpoint_dir = given.get("checkpoint_dir") or os.path.join(
-      given.get("out") or found["out"], "checkpoints")
+  checkpoint_dir = given.get("checkpoint_dir") or run_contents.checkpoints_in(
+      given.get("out") or found["out"])
   saved = run_contents.saved_config(checkpoint_dir)
   if saved:
     _refuse_changes(saved[0], given, f"{checkpoint_dir} (step {saved[1]})")

@@ -51,12 +51,12 @@ def _refuse_another_runs_folder(args: argparse.Namespace, steps: list[int]) -> N
   """Raises UsageError when --out holds another run than the --checkpoint-dir (elsewhere) a
   --resume continues or, with --resume auto, starts afresh in: runs told apart by what they
   record, --out's own checkpoints and the folder the checkpoints' run saved as its --out."""
-  own = run_contents.finalized_steps(pathlib.Path(args.out) / "checkpoints")
+  own = run_contents.finalized_steps(run_contents.checkpoints_in(args.out))
   records = run_contents.metrics_records(args.out)
   if not steps and own:
     raise UsageError(f"--resume auto: --out {run_contents.describe(args.out)} holds a run, and"
                      f" --checkpoint-dir {args.checkpoint_dir} holds no checkpoint to continue it:"
-                     f" pass --checkpoint-dir {os.path.join(args.out, 'checkpoints')} to continue"
+                     f" pass --checkpoint-dir {run_contents.checkpoints_in(args.out)} to continue"
                      " it, or choose another --out to start afresh")
   saved = run_contents.saved_config(args.checkpoint_dir) if steps and records else None
   run_out = saved and saved[0].get("out")

@@ -25,6 +25,7 @@ import tomllib
 
 from launch import cli
 from launch import derived_flags
+from launch.errors import flag
 
 __all__ = ["INVOCATION", "MAY_CHANGE", "NOT_INHERITED", "compare", "config_of",
            "defines_run", "describe_changes", "flags_of", "inherited", "read_file",
@@ -95,8 +96,8 @@ def compare(saved: dict, current: dict) -> tuple[list[str], list[str]]:
     new = current[name]
     if _same(name, old, new):
       continue
-    label = name.replace("_", " ") if name in ("process_count", "device_count") else (
-        "--" + name.replace("_", "-"))
+    label = (name.replace("_", " ") if name in ("process_count", "device_count")
+             else flag(name))
     change = f"{label} {_show(old)} -> {_show(new)}"
     (refused if defines_run(name) else allowed).append(change)
   return refused, allowed

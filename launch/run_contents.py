@@ -16,11 +16,17 @@ from etils import epath
 from checkpoints import digest
 from launch.errors import UsageError
 
-__all__ = ["LOGS", "RUNS", "contents", "describe", "finalized_steps", "metrics_records",
+__all__ = ["LOGS", "RUNS", "checkpoints_in", "contents", "describe", "finalized_steps", "metrics_records",
            "newest_resumable", "saved_config", "unfinished_saves"]
 
 RUNS = pathlib.Path("runs")
 LOGS = ("metrics.jsonl", "samples.jsonl")  # a run's own log files: set aside by a fresh start
+
+
+def checkpoints_in(out) -> str:
+  """Where a run whose folder is ``out`` keeps its checkpoints unless --checkpoint-dir says
+  otherwise: ``out/checkpoints``."""
+  return os.path.join(os.fspath(out), "checkpoints")
 
 
 def finalized_steps(checkpoint_dir) -> list[int]:
@@ -79,7 +85,7 @@ def describe(folder, checkpoint_dir=None, run_folder: bool = True) -> str:
   """What a run folder (or, not ``run_folder``, a bare --checkpoint-dir)
   holds, in a few words (for error messages)."""
   folder = pathlib.Path(folder)
-  checkpoint_dir = folder / "checkpoints" if checkpoint_dir is None else checkpoint_dir
+  checkpoint_dir = checkpoints_in(folder) if checkpoint_dir is None else checkpoint_dir
   if not folder.exists() and not epath.Path(checkpoint_dir).exists():
     return f"{folder} (does not exist)"
   return f"{folder} ({contents(folder, checkpoint_dir, run_folder)})"
@@ -92,7 +98,7 @@ def newest_resumable(root: pathlib.Path = RUNS) -> pathlib.Path:
   """
   folders = sorted(p for p in root.glob("lm-*") if p.is_dir())  # names start with the time
   for folder in reversed(folders):
-    if finalized_steps(folder / "checkpoints"):
+    if finalized_steps(checkpoints_in(folder)):
       return folder
   found = "; ".join(describe(f) for f in folders) if folders else f"no {root}/lm-* folders"
   raise UsageError(f"--resume: nothing to resume in {os.path.abspath(root)}: found {found}."
