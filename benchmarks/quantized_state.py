@@ -34,7 +34,6 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8"
 
 import argparse
 import collections
-import ctypes
 import pathlib
 import re
 import sys
@@ -230,22 +229,11 @@ def _llc_text() -> str:
           else "size not reported by the OS")
 
 
-def _keep_freed_memory() -> None:
-  """glibc: serve every allocation from the heap and keep freed memory, so
-  an update's temporaries reuse pages (as a pooling allocator would)
-  instead of mapping fresh ones over 32 MiB at every call."""
-  libc = ctypes.CDLL("libc.so.6")
-  m_trim_threshold, m_mmap_threshold = -1, -3
-  for option in (m_mmap_threshold, m_trim_threshold):
-    if libc.mallopt(option, 1 << 30) != 1:
-      raise OSError(f"mallopt({option}) failed")
-
-
 def one_device_rows():
   """Rows of the one-device table: AdamW's update time per state variant on
   the wide tree and on one whose float32 state alone exceeds the CPU's
   last-level cache, no mesh; first with glibc's default allocation, then
-  with freed memory kept (``_keep_freed_memory``, for the rest of the
+  with freed memory kept (``timing.keep_freed_memory``, for the rest of the
   process); and the seconds ``jit(tx.init)`` takes to compile."""
   trees = {}
   for tree, config in (("wide", WIDE), ("large", LARGE)):
@@ -262,7 +250,7 @@ def one_device_rows():
       compile_seconds[variant] = time.perf_counter() - start
       layouts[variant] = (_unsharded(tx), params, tx_init(params))
     trees[tree] = (grads, layouts, compile_seconds, timing.interleaved(layouts, grads))
-  _keep_freed_memory()
+  timing.keep_freed_memory()
   rows = []
   for tree, (grads, layouts, compile_seconds, default) in trees.items():
     kept = timing.interleaved(layouts, grads)

@@ -1,0 +1,60 @@
+"""benchmarks/minimal_quantized.py times working AdamW updates: its minimal
+forms, written directly in jax.numpy, against shardopt's AdamW."""
+
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks import minimal_quantized as bench
+from benchmarks import one_device
+import shardopt
+
+
+def _problem():
+  args = types.SimpleNamespace(leaves=2, rows=8, cols=512)
+  params, grads, shardings = one_device.problem(args)
+  reference = bench._moves(shardopt.make_sharded_optimizer(
+      one_device.optimizer(None), params, shardings), params, grads)
+  return params, grads, reference
+
+
+def _minimal_moves(name, params, grads):
+  form, block = bench.MINIMAL[name]
+  return bench._moves(bench._Minimal(form, block), params, grads)
+
+
+def test_minimal_float32_moves_the_params_as_shardopts_adamw():
+  params, grads, reference = _problem()
+  moves = _minimal_moves("minimal float32", params, grads)
+  # A move is a difference of params near 1: float32 rounds it to within
+  # one of their ulps (1.2e-7), moves are near 1e-3.
+  for got, want in zip(jax.tree.leaves(moves), jax.tree.leaves(reference)):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=5e-7)
+
+
+def test_minimal_quantized_forms_follow_float32_within_their_codes():
+  params, grads, reference = _problem()
+  eight = _minimal_moves("minimal 8-bit", params, grads)
+  assert bench._move_error(eight, reference) < 0.1
+  four = _minimal_moves("minimal 4-bit", params, grads)
+  assert bench._move_error(four, reference) < 0.5
+  # The same codes in one byte per element: the same params, bit for bit.
+  joint = _minimal_moves("minimal 4-bit, one byte per element", params, grads)
+  for a, b in zip(jax.tree.leaves(four), jax.tree.leaves(joint)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_the_results_table_has_a_row_per_update(tmp_path):
+  args = types.SimpleNamespace(leaves=1, rows=8, cols=256, rounds=1, steps=1)
+  rows = bench.measure(args)
+  results = tmp_path / "minimal.md"
+  bench.write_results(results, "python -m benchmarks.minimal_quantized",
+                      args, rows)
+  text = results.read_text()
+  table = [line for line in text.splitlines() if line.startswith("| ")]
+  names = [row.split(" | ")[0].removeprefix("| ") for row in table[1:]]
+  assert names == ["shardopt float32", "shardopt 8-bit companded",
+                   "shardopt 4-bit companded", *bench.MINIMAL]
+  assert "Command: `python -m benchmarks.minimal_quantized`" in text
