@@ -8,7 +8,8 @@
 (c) the sharded step equals the unsharded jitted step, over 3 steps from
     the same initial state, through ``opt.update`` and ``opt.train_step``,
     on Auto and on Explicit (2, 4) axes, each with and without ZeRO over
-    'data': each element within 1e-5 of its value or of the largest
+    'data', and with ZeRO on a mesh of both kinds ('data' Explicit, 'model'
+    Auto): each element within 1e-5 of its value or of the largest
     magnitude in its leaf (sharded norms and sums add in another order, so
     an element that is a small difference of large terms may differ by more
     than 1e-5 of itself, but not of its leaf); the state ends in its planned
@@ -27,8 +28,9 @@
     does (``opt.update``, 3 steps, 1e-5 of the leaf), on Auto and Explicit
     axes.
 (f) ``tx.update`` in a jitted step of the user's on arrays typed on
-    Explicit (2, 4) axes (the sharded step runs it with the axes Auto)
-    equals the unsharded step as (c) does.
+    Explicit (2, 4) axes, and on 'data' Explicit with 'model' Auto (the
+    sharded step runs it with the axes Auto), equals the unsharded step as
+    (c) does.
 
 Known failures are listed, each with the exception it raises and its reason,
 in EXCEPTIONS only; they run as strict xfails of exactly that exception, so an
@@ -302,13 +304,21 @@ _STEP_LAYOUT = {
 # ZeRO splits the state of "w" and "k" (2 KiB each); "f" is FSDP already;
 # statistics of a few floats (L-BFGS's weights) stay whole.
 _STEP_MIN_SHARD_BYTES = 256
-_MESH_KINDS = {"auto": jax.sharding.AxisType.Auto,
-               "explicit": jax.sharding.AxisType.Explicit}
+# Axis types of ('data', 'model') per mesh kind; "mixed": a value's type
+# names its split over 'data' only.
+_AXIS_TYPES = {"auto": (jax.sharding.AxisType.Auto,) * 2,
+               "explicit": (jax.sharding.AxisType.Explicit,) * 2,
+               "mixed": (jax.sharding.AxisType.Explicit,
+                         jax.sharding.AxisType.Auto)}
+_MESH_KINDS = ("auto", "explicit")
 
 
 def _step_case_ids():
+  """Auto and Explicit axes, each with and without ZeRO; the mixed mesh
+  with ZeRO over its Explicit axis (the layouts of both kinds at once)."""
   return [pytest.param(kind, zero, id=f"{kind}{'-zero' if zero else ''}")
-          for kind in _MESH_KINDS for zero in (False, True)]
+          for kind in _MESH_KINDS for zero in (False, True)] + [
+              pytest.param("mixed", True, id="mixed-zero")]
 
 
 def _step_params():
@@ -357,7 +367,7 @@ def _step_optimizer(tx, kind, zero):
   """``(mesh, param shardings, host params, sharded optimizer)`` of ``tx``
   on the (2, 4) mesh of axis type ``kind``, ZeRO over 'data' or not."""
   mesh = jax.make_mesh((2, 4), ("data", "model"),
-                       axis_types=(_MESH_KINDS[kind],) * 2)
+                       axis_types=_AXIS_TYPES[kind])
   shardings = {k: NamedSharding(mesh, spec) for k, (_, spec) in
                _STEP_LAYOUT.items()}
   host = _step_params()
@@ -396,13 +406,15 @@ def test_sharded_step_matches_unsharded(entry, kind, zero):
                                 _comparable(want), _STEP_TOLERANCE)
 
 
+@pytest.mark.parametrize("kind", ["explicit", "mixed"])
 @pytest.mark.parametrize("entry", _cases("explicit_typed"))
-def test_update_on_arrays_typed_on_explicit_axes_matches_unsharded(entry):
+def test_update_on_arrays_typed_on_explicit_axes_matches_unsharded(entry, kind):
   """(f): ``tx.update`` in a ``jit`` of the user's (flax's
   ``TrainState.apply_gradients`` without ``with_update_layout``) on params,
-  gradients and state typed on Explicit (2, 4) axes, where the sharded step
-  runs it with the axes Auto: 3 steps equal the unsharded ones as in (c)."""
-  mesh, shardings, host, opt = _step_optimizer(_build(entry), "explicit", zero=False)
+  gradients and state typed on Explicit (2, 4) axes, or on 'data' Explicit
+  and 'model' Auto, where the sharded step runs it with the axes Auto: 3
+  steps equal the unsharded ones as in (c)."""
+  mesh, shardings, host, opt = _step_optimizer(_build(entry), kind, zero=False)
   step = jax.jit(_objective_step(opt.tx, entry))
   with jax.sharding.set_mesh(mesh):
     params = jax.device_put(host, shardings)
@@ -414,7 +426,7 @@ def test_update_on_arrays_typed_on_explicit_axes_matches_unsharded(entry):
                               _STEP_TOLERANCE)
 
 
-@pytest.mark.parametrize("kind", list(_MESH_KINDS))
+@pytest.mark.parametrize("kind", _MESH_KINDS)
 @pytest.mark.parametrize(
     "entry", _cases("optax_sharded_step",
                     [e for e in catalogue.ENTRIES if e.oracle]))

@@ -98,8 +98,12 @@ def test_micro_grad_per_example_gradients_as_optax():
     np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
 
 
-def test_batch_sharded_over_an_explicit_axis_stays_sharded():
-  mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+@pytest.mark.parametrize("model_axis", [AxisType.Explicit, AxisType.Auto],
+                         ids=["explicit", "mixed"])
+def test_batch_sharded_over_an_explicit_axis_stays_sharded(model_axis):
+  # "mixed": 'data' Explicit, 'model' Auto (a mesh of both kinds).
+  mesh = jax.make_mesh((4, 2), ("data", "model"),
+                       axis_types=(AxisType.Explicit, model_axis))
   x = jax.device_put(_X, NamedSharding(mesh, P("data")))
   with jax.set_mesh(mesh):
     split = microbatching.reshape_batch_axis(x, 4)

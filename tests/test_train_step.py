@@ -5,6 +5,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import AxisType
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import numpy as np
@@ -265,8 +266,17 @@ def _mlp_batch(step, rows=32):
   return {"x": jax.random.normal(kx, (rows, 16)), "y": jax.random.normal(ky, (rows, 8))}
 
 
+def _mesh(axis_types):
+  """The (4, 2) ('data', 'model') mesh; "mixed": 'data' Explicit, 'model'
+  Auto."""
+  if axis_types == "mixed":
+    return jax.make_mesh((4, 2), ("data", "model"),
+                         axis_types=(AxisType.Explicit, AxisType.Auto))
+  return partitioning.make_mesh({"data": 4, "model": 2}, axis_types=axis_types)
+
+
 def _sharded(tx, axis_types="auto", zero="data", donate=True, hidden=HIDDEN):
-  mesh = partitioning.make_mesh({"data": 4, "model": 2}, axis_types=axis_types)
+  mesh = _mesh(axis_types)
   shardings = partitioning.named_shardings(mesh, MLP_SPECS)
   opt = shardopt.make_sharded_optimizer(tx, _mlp_params(hidden), shardings,
                                         shard_state_over=zero, min_shard_bytes=0,
@@ -402,7 +412,7 @@ def _reference_microbatch_step(tx, k):
   return step
 
 
-@pytest.mark.parametrize("axis_types", ["auto", "explicit"])
+@pytest.mark.parametrize("axis_types", ["auto", "explicit", "mixed"])
 def test_microbatches_equal_the_one_batch_step(axis_types):
   """microbatches=4 with ZeRO: the loss is a mean over examples, so the mean
   over 4 microbatches of 8 rows is the one-batch step on 32 rows."""

@@ -12,14 +12,9 @@ import jax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
+from shardopt._src import typed_layouts
+
 __all__ = ["merge_batch_axis", "reshape_batch_axis"]
-
-
-def _explicit_sharding(x):
-  """``x``'s sharding if its mesh's axes are all Explicit, else None."""
-  sharding = jax.typeof(x).sharding
-  mesh = sharding.mesh
-  return sharding if not mesh.empty and mesh.are_all_axes_explicit else None
 
 
 def reshape_batch_axis(tree: Any, microbatch_size: int, axis: int = 0) -> Any:
@@ -42,7 +37,7 @@ def reshape_batch_axis(tree: Any, microbatch_size: int, axis: int = 0) -> Any:
   """
   def split(x):
     shape = x.shape[:axis] + (-1, microbatch_size) + x.shape[axis + 1:]
-    sharding = _explicit_sharding(x)
+    sharding = typed_layouts.explicit_sharding(x)
     if sharding is None:
       return x.reshape(shape, order="F")
     spec = tuple(sharding.spec) + (None,) * (x.ndim - len(sharding.spec))
@@ -61,7 +56,7 @@ def merge_batch_axis(x):
   back into the batch's row order: the inverse of ``reshape_batch_axis`` at
   axis 0, the ``microbatch_size`` axis's sharding kept."""
   shape = (-1, *x.shape[2:])
-  sharding = _explicit_sharding(x)
+  sharding = typed_layouts.explicit_sharding(x)
   if sharding is None:
     return x.reshape(shape, order="F")
   spec = PartitionSpec(*tuple(sharding.spec)[1:])

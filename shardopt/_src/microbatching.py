@@ -18,6 +18,7 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
+from shardopt._src import typed_layouts
 from shardopt._src.batch_axis import reshape_batch_axis
 from shardopt._src.microbatch_accumulators import AccumulationType
 from shardopt._src.microbatch_accumulators import resolve
@@ -111,7 +112,7 @@ def microbatch(
       return fun(*one_args, **one_kwargs)
 
     steps = num_microbatches if num_real_microbatches is None else num_real_microbatches
-    carry = combine.init(jax.eval_shape(on_microbatch, 0))
+    carry = combine.init(typed_layouts.typed_eval_shape(on_microbatch, 0))
     carry = jax.lax.fori_loop(
         0, steps, lambda i, c: combine.update(c, on_microbatch(i), i), carry)
     return combine.finalize(carry)

@@ -14,6 +14,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
 from shardopt._src import numerics
+from shardopt._src import typed_layouts
 
 __all__ = [
     "apply_updates",
@@ -137,16 +138,16 @@ def _leaf_vdot(a, b) -> jax.Array:
   """<a, b> = sum(conj(a) * b) of one leaf: all axes contracted at the
   highest precision.
 
-  ``jnp.vdot`` ravels its inputs, which a mesh whose axes are all Explicit
-  rejects for sharded leaves; contracting every axis in place works there,
+  ``jnp.vdot`` ravels its inputs, which Explicit mesh axes reject for
+  leaves split over them; contracting every axis in place works there,
   given a stated (replicated) output sharding, and on Auto or unsharded
   arrays alike. Compiled as one program, as ``jnp.vdot`` is: called eagerly,
   a separate ``conj`` and contraction round differently (1 ulp from
   ``jnp.vdot`` for a complex64 vector).
   """
-  mesh = jax.typeof(a).sharding.mesh
-  explicit = not mesh.empty and mesh.are_all_axes_explicit
-  out_sharding = NamedSharding(mesh, PartitionSpec()) if explicit else None
+  explicit = typed_layouts.explicit_sharding(a)
+  out_sharding = (None if explicit is None
+                  else NamedSharding(explicit.mesh, PartitionSpec()))
   return jnp.tensordot(jnp.conj(a), b, a.ndim, out_sharding=out_sharding,
                        precision=jax.lax.Precision.HIGHEST)
 

@@ -28,7 +28,7 @@ from jax.sharding import PartitionSpec as P
 
 __all__ = ["eval_shape_typed", "explicit_abstract_mesh", "explicit_sharding",
            "finest_shard_shape", "laid_out_like", "shard_shape",
-           "whole"]
+           "typed_eval_shape", "whole"]
 
 
 def explicit_abstract_mesh(mesh) -> AbstractMesh:
@@ -50,6 +50,17 @@ def eval_shape_typed(fn, params, specs, mesh):
       params, specs)
   with jax.sharding.use_abstract_mesh(explicit):
     return jax.eval_shape(fn, typed)
+
+
+def typed_eval_shape(fn, *args):
+  """``jax.eval_shape(fn, *args)`` whose ``ShapeDtypeStruct``s carry the
+  sharding each output's type names (``jax.eval_shape`` leaves it out on a
+  mesh with both Explicit and Auto axes: jax 0.10)."""
+  jaxpr, shapes = jax.make_jaxpr(fn, return_shape=True)(*args)
+  return jax.tree.unflatten(jax.tree.structure(shapes), [
+      jax.ShapeDtypeStruct(aval.shape, aval.dtype,
+                           sharding=_explicit_sharding_of(aval))
+      for aval in jaxpr.out_avals])
 
 
 def _typed_sharding(x) -> NamedSharding | None:
@@ -87,9 +98,13 @@ def finest_shard_shape(x) -> tuple[int, ...]:
 
 
 def explicit_sharding(x) -> NamedSharding | None:
-  """``x``'s sharding where Explicit axes type it (inside a trace on such a
-  mesh), else None."""
-  sharding = getattr(jax.typeof(x), "sharding", None)
+  """``x``'s sharding where Explicit axes type it (inside a trace on a mesh
+  with such axes), else None."""
+  return _explicit_sharding_of(jax.typeof(x))
+
+
+def _explicit_sharding_of(aval) -> NamedSharding | None:
+  sharding = getattr(aval, "sharding", None)
   if isinstance(sharding, NamedSharding) and any(
       kind == AxisType.Explicit for kind in sharding.mesh.axis_types):
     return sharding

@@ -24,6 +24,8 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from shardopt._src import typed_layouts
+
 from shardopt.contrib._matrix_axes import as_matrix_stack
 
 __all__ = [
@@ -51,18 +53,6 @@ def _quintic_step(x, coeffs, gram):
   """``c0 x + (c1 A + c2 A A) x`` for the Gram matrix ``A`` of ``x``."""
   b = coeffs[1] * gram + coeffs[2] * gram @ gram
   return coeffs[0] * x + b @ x
-
-
-def _explicit_sharding(x) -> NamedSharding | None:
-  """``x``'s sharding (a spec entry per dimension) when it lives on a mesh
-  whose axes are all Explicit (its layout is known while tracing), else
-  None."""
-  sharding = jax.typeof(x).sharding
-  mesh = getattr(sharding, "mesh", None)
-  if mesh is None or mesh.empty or not mesh.are_all_axes_explicit:
-    return None
-  entries = tuple(sharding.spec)
-  return NamedSharding(mesh, P(*entries, *([None] * (x.ndim - len(entries)))))
 
 
 def _gram_fn(mesh):
@@ -161,10 +151,11 @@ def _orthogonalize_matrix(x, coeffs, ns_steps, preconditioning, eps):
   """
   tall = x.shape[0] > x.shape[1]
   x = x.T if tall else x
-  layout = _explicit_sharding(x)
+  layout = typed_layouts.explicit_sharding(x)
   mesh = None if layout is None else layout.mesh
   if layout is not None:
-    x = jax.sharding.reshard(x, NamedSharding(mesh, P(None, layout.spec[1])))
+    columns = layout.spec[1] if len(layout.spec) > 1 else None
+    x = jax.sharding.reshard(x, NamedSharding(mesh, P(None, columns)))
   x = _precondition(x, preconditioning, eps, mesh)
   x = _iterate(x, coeffs.astype(x.dtype), eps, ns_steps, preconditioning, mesh)
   if layout is not None:

@@ -36,10 +36,34 @@ def _axes_of_type(mesh, axis_type) -> tuple[str, ...]:
 
 
 def in_layout(tree, shardings):
-  """``tree`` laid out in ``shardings`` (a matching tree) inside ``jit``."""
-  if AxisType.Explicit in mesh_of(shardings).axis_types:
-    return jax.sharding.reshard(tree, shardings)
-  return jax.lax.with_sharding_constraint(tree, shardings)
+  """``tree`` laid out in ``shardings`` (a matching tree) inside ``jit``: a
+  ``reshard`` over the mesh's Explicit axes (the type changes), then a
+  sharding constraint over its Auto axes (on a mesh of both kinds, each
+  names only its own axes)."""
+  mesh = mesh_of(shardings)
+  explicit = _axes_of_type(mesh, AxisType.Explicit)
+  if explicit:
+    tree = jax.sharding.reshard(tree, _only(shardings, explicit))
+  if len(explicit) == len(mesh.axis_names):
+    return tree
+  return jax.lax.with_sharding_constraint(
+      tree, _only(shardings, _axes_of_type(mesh, AxisType.Auto)))
+
+
+def _only(shardings, axes):
+  """``shardings`` with each spec naming only the mesh axes in ``axes``."""
+  return jax.tree.map(
+      lambda s: NamedSharding(s.mesh, _spec_on(s.spec, axes)), shardings)
+
+
+def _spec_on(spec, axes) -> P:
+  """``spec`` with each entry keeping only the mesh axes in ``axes``."""
+  def keep(entry):
+    names = tuple(n for n in ((entry,) if isinstance(entry, str) else entry or ())
+                  if n in axes)
+    return names[0] if len(names) == 1 else (names or None)
+
+  return P(*map(keep, spec))
 
 
 def under_mesh(fn, mesh):
@@ -138,9 +162,10 @@ def _updated(tx, grads, state, params, update_shardings, param_shardings,
 
 def _on_auto_axes(fn, mesh, out_specs_of):
   """``fn`` run with ``mesh``'s Explicit axes Auto (as
-  ``jax.sharding.auto_axes`` does), its results typed on them again in the
-  specs ``out_specs_of(results)`` gives; ``fn`` itself where no axis is
-  Explicit."""
+  ``jax.sharding.auto_axes`` does), its results typed on them again as the
+  specs ``out_specs_of(results)`` give (their Explicit axes: on a mesh of
+  both kinds the jitted step's output shardings place the rest); ``fn``
+  itself where no axis is Explicit."""
   explicit = _axes_of_type(mesh, AxisType.Explicit)
   if not explicit:
     return fn
@@ -151,8 +176,10 @@ def _on_auto_axes(fn, mesh, out_specs_of):
     with jax.sharding.use_abstract_mesh(auto):
       args = jax.sharding.reshard(args, jax.tree.map(lambda _: P(), args))
       out = fn(*args)
+    specs = jax.tree.map(lambda spec: _spec_on(spec, explicit),
+                         out_specs_of(out), is_leaf=lambda x: isinstance(x, P))
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # the caller's may be none
-      return jax.sharding.reshard(out, out_specs_of(out))
+      return jax.sharding.reshard(out, specs)
 
   return call
 
@@ -199,7 +226,8 @@ def _extra_in_layout(name, value, params, update_shardings, param_shardings):
       call = lambda q: value(q, *args, **kwargs)
       if explicit:
         return jax.sharding.explicit_axes(
-            call, axes=explicit, in_sharding=(_specs(param_shardings),))(p)
+            call, axes=explicit,
+            in_sharding=(_specs(_only(param_shardings, explicit)),))(p)
       return call(in_layout(p, param_shardings))
     return in_params_layout
   return value
