@@ -25,7 +25,6 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from shardopt._src import typed_layouts
-
 from shardopt.contrib._matrix_axes import as_matrix_stack
 
 __all__ = [

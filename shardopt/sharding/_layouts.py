@@ -37,17 +37,19 @@ def _axes_of_type(mesh, axis_type) -> tuple[str, ...]:
 
 def in_layout(tree, shardings):
   """``tree`` laid out in ``shardings`` (a matching tree) inside ``jit``: a
-  ``reshard`` over the mesh's Explicit axes (the type changes), then a
-  sharding constraint over its Auto axes (on a mesh of both kinds, each
-  names only its own axes)."""
+  ``reshard`` on Explicit axes (the type changes), a sharding constraint on
+  Auto axes (a hint the partitioner honours); on a mesh of both kinds, each
+  over the axes of its own kind."""
   mesh = mesh_of(shardings)
   explicit = _axes_of_type(mesh, AxisType.Explicit)
-  if explicit:
-    tree = jax.sharding.reshard(tree, _only(shardings, explicit))
-  if len(explicit) == len(mesh.axis_names):
-    return tree
+  auto = _axes_of_type(mesh, AxisType.Auto)
+  if not explicit:
+    return jax.lax.with_sharding_constraint(tree, shardings)
+  if not auto:
+    return jax.sharding.reshard(tree, shardings)
   return jax.lax.with_sharding_constraint(
-      tree, _only(shardings, _axes_of_type(mesh, AxisType.Auto)))
+      jax.sharding.reshard(tree, _only(shardings, explicit)),
+      _only(shardings, auto))
 
 
 def _only(shardings, axes):
@@ -59,9 +61,11 @@ def _only(shardings, axes):
 def _spec_on(spec, axes) -> P:
   """``spec`` with each entry keeping only the mesh axes in ``axes``."""
   def keep(entry):
-    names = tuple(n for n in ((entry,) if isinstance(entry, str) else entry or ())
-                  if n in axes)
-    return names[0] if len(names) == 1 else (names or None)
+    if entry is None or entry is P.UNCONSTRAINED:
+      return entry
+    kept = tuple(name for name in ((entry,) if isinstance(entry, str) else entry)
+                 if name in axes)
+    return kept[0] if len(kept) == 1 else (kept or None)
 
   return P(*map(keep, spec))
 
