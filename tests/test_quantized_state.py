@@ -35,9 +35,13 @@ _KINDS = {"auto": AxisType.Auto, "explicit": AxisType.Explicit}
 
 
 def _mesh(shape=(2, 4), kind="auto"):
+  """A ('data', 'model') mesh of ``kind`` "auto", "explicit" or "mixed"
+  ('data' Explicit, 'model' Auto)."""
   devices = jax.devices()[: shape[0] * shape[1]]
+  axis_types = ((_KINDS["explicit"], _KINDS["auto"]) if kind == "mixed"
+                else (_KINDS[kind],) * 2)
   return jax.make_mesh(shape, ("data", "model"), devices=devices,
-                       axis_types=(_KINDS[kind],) * 2)
+                       axis_types=axis_types)
 
 
 def _host_params():
@@ -614,10 +618,10 @@ def _update_collectives(opt, mesh) -> collections.Counter:
 
 
 @pytest.mark.parametrize("zero", [False, True], ids=["", "zero"])
-@pytest.mark.parametrize("kind", ["auto", "explicit"])
+@pytest.mark.parametrize("kind", ["auto", "explicit", "mixed"])
 def test_quantized_update_adds_no_collective(kind, zero):
-  """On either axis type, with or without ZeRO, no collective kind occurs
-  more often in the quantized update than in the float32 one."""
+  """On either axis type or both, with or without ZeRO, no collective kind
+  occurs more often in the quantized update than in the float32 one."""
   mesh = _mesh(kind=kind)
   baseline = _update_collectives(_sharded(shardopt.adamw(1e-2), mesh, zero),
                                  mesh)
@@ -697,10 +701,10 @@ def _decoded(state):
 
 @pytest.mark.parametrize("saved_on,restored_on", [
     ("auto", "auto"), ("auto", "explicit"), ("explicit", "auto"),
-    ("explicit", "explicit")])
+    ("explicit", "explicit"), ("explicit", "mixed")])
 def test_checkpoint_restores_onto_other_meshes(tmp_path, saved_on, restored_on):
   """Saved on (2, 4): onto (4, 2), (8, 1) and one device, Auto or Explicit
-  axes on either side. Leaves whose blocks are the same there come back
+  axes on either side (or 'data' Explicit and 'model' Auto). Leaves whose blocks are the same there come back
   bit-equal (all of them on the meshes of 8 devices, whose blocks fit each
   other's shards); the others are re-tiled, each decoded value within one
   quantization step, and listed."""
