@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 from shardopt._src import state_structure
 from shardopt._src.tree_math import apply_updates
+from shardopt.sharding._liveness import is_concrete_array
 
 __all__ = ["apply_in_layout", "in_layout", "mesh_of", "typed", "under_mesh",
            "update_in_layout"]
@@ -39,7 +40,8 @@ def in_layout(tree, shardings):
   """``tree`` laid out in ``shardings`` (a matching tree) inside ``jit``: a
   ``reshard`` on Explicit axes (the type changes), a sharding constraint on
   Auto axes (a hint the partitioner honours); on a mesh of both kinds, each
-  over the axes of its own kind."""
+  over the axes of its own kind (called eagerly there, ``device_put``: an
+  eager constraint would replace the Explicit axes' split)."""
   mesh = mesh_of(shardings)
   explicit = _axes_of_type(mesh, AxisType.Explicit)
   auto = _axes_of_type(mesh, AxisType.Auto)
@@ -47,6 +49,8 @@ def in_layout(tree, shardings):
     return jax.lax.with_sharding_constraint(tree, shardings)
   if not auto:
     return jax.sharding.reshard(tree, shardings)
+  if all(map(is_concrete_array, jax.tree.leaves(tree))):
+    return jax.device_put(tree, shardings)  # called eagerly
   return jax.lax.with_sharding_constraint(
       jax.sharding.reshard(tree, _only(shardings, explicit)),
       _only(shardings, auto))
