@@ -2,7 +2,8 @@
 
 ``in_layout`` lays a tree out in given shardings inside a jitted function:
 ``reshard`` on Explicit axes (the type changes), a sharding constraint on
-Auto axes (a hint the partitioner honours). ``typed`` calls a function with
+Auto axes (a hint the partitioner honours), each over its own axes on a
+mesh of both kinds. ``typed`` calls a function with
 its argument typed in given shardings on any mesh: on Auto axes through
 ``jax.sharding.explicit_axes``, so that code reading the types (the state's
 derivation, ``quantized_state``'s blocks) sees the same layout whatever the
