@@ -33,7 +33,6 @@ Writes benchmarks/results/minimal_quantized.md (``--results`` names another).
 
 import pathlib
 import re
-import types
 
 import jax
 import jax.numpy as jnp
@@ -202,10 +201,6 @@ def _move_error(moves, reference) -> float:
       for m, r in zip(moves, reference))
 
 
-def _fusions(text: str) -> int:
-  return len(re.findall(r"= \S+ fusion\(", text[text.index("ENTRY"):]))
-
-
 def _shardopt_variants(params, shardings):
   out = {}
   for variant in (None, (8, "companded"), (4, "companded")):
@@ -236,7 +231,7 @@ def measure(args):
     state = opt.init(own)
     text = (opt.compiled_text(grads, state, own) if isinstance(opt, _Minimal)
             else opt.update.lower(grads, state, own).compile().as_text())
-    kernels[name] = _fusions(text)
+    kernels[name] = one_device.fusions(text)
     layouts[None if name == "shardopt float32" else name] = (opt, own, state)
   times = timing.interleaved(layouts, grads, rounds=args.rounds,
                              steps=args.steps, wait_each=False)

@@ -1,11 +1,13 @@
 """What the one-device AdamW benchmarks (``update_bandwidth``,
-``backend_forms``) share: the optimizer per state variant, the problem (a
-tree of float32 matrices on one device), the options and the results
-file's command line."""
+``backend_forms``, ``minimal_quantized``) share: the optimizer per state
+variant, the problem (a tree of float32 matrices on one device), the
+options, the kernel count of a compiled update and the results file's
+command line."""
 
 import argparse
 import os
 import pathlib
+import re
 import sys
 
 import jax
@@ -42,6 +44,13 @@ def problem(args):
                        tree(args.leaves, args.rows, args.cols, 1))
   shardings = jax.tree.map(lambda _: NamedSharding(mesh, P()), params)
   return params, grads, shardings
+
+
+def fusions(compiled_text: str) -> int:
+  """The fused kernels (``fusion`` instructions) of a compiled program's
+  entry computation."""
+  entry = compiled_text[compiled_text.index("ENTRY"):]
+  return len(re.findall(r"= \S+ fusion\(", entry))
 
 
 def parse_arguments(module, description, results, rounds, steps, argv):

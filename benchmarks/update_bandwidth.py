@@ -18,7 +18,6 @@ Writes benchmarks/results/update_bandwidth.md (``--results`` names another).
 """
 
 import pathlib
-import re
 import statistics
 import time
 
@@ -53,8 +52,8 @@ def copy_bandwidth(n_elements: int, rounds: int, steps: int) -> float:
 
 
 def _fusions(opt, grads, state, params) -> int:
-  text = opt.update.lower(grads, state, params).compile().as_text()
-  return len(re.findall(r"= \S+ fusion\(", text[text.index("ENTRY"):]))
+  return one_device.fusions(
+      opt.update.lower(grads, state, params).compile().as_text())
 
 
 def measure(args):

@@ -4,7 +4,6 @@ forms, written directly in jax.numpy, against shardopt's AdamW."""
 import types
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import minimal_quantized as bench

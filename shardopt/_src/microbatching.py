@@ -112,7 +112,7 @@ def microbatch(
       return fun(*one_args, **one_kwargs)
 
     steps = num_microbatches if num_real_microbatches is None else num_real_microbatches
-    carry = combine.init(typed_layouts.typed_eval_shape(on_microbatch, 0))
+    carry = combine.init(typed_layouts.eval_shape_with_shardings(on_microbatch, 0))
     carry = jax.lax.fori_loop(
         0, steps, lambda i, c: combine.update(c, on_microbatch(i), i), carry)
     return combine.finalize(carry)

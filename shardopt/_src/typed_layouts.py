@@ -26,9 +26,9 @@ from jax.sharding import AxisType
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-__all__ = ["eval_shape_typed", "explicit_abstract_mesh", "explicit_sharding",
-           "finest_shard_shape", "laid_out_like", "shard_shape",
-           "typed_eval_shape", "whole"]
+__all__ = ["eval_shape_typed", "eval_shape_with_shardings",
+           "explicit_abstract_mesh", "explicit_sharding", "finest_shard_shape",
+           "laid_out_like", "shard_shape", "whole"]
 
 
 def explicit_abstract_mesh(mesh) -> AbstractMesh:
@@ -52,7 +52,7 @@ def eval_shape_typed(fn, params, specs, mesh):
     return jax.eval_shape(fn, typed)
 
 
-def typed_eval_shape(fn, *args):
+def eval_shape_with_shardings(fn, *args):
   """``jax.eval_shape(fn, *args)`` whose ``ShapeDtypeStruct``s carry the
   sharding each output's type names (``jax.eval_shape`` leaves it out on a
   mesh with both Explicit and Auto axes: jax 0.10)."""
