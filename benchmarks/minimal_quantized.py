@@ -18,13 +18,29 @@ last dimension as long as shardopt's defaults, 256 elements at 8 bits and
   codes of one moment per byte (a block's two halves share its bytes);
 * ``minimal 4-bit, one byte per element``: the same codes, the first
   moment's in the low half of a byte and the second's in the high half, so
-  that no code changes shape between the moments and their bytes.
+  that no code changes shape between the moments and their bytes;
+* ``minimal 4-bit, scales bounded from ...``: one byte per element, but
+  each block's new scales are bounds known before its moments are updated:
+  AdamW's recurrence applied to a bound on the stored values and to the
+  gradient's block absmax (``b1 * bound + (1 - b1) * absmax(g)``, and
+  ``b2 * bound + (1 - b2) * absmax(g)**2``), so no new moment exceeds its
+  scale and no block is reduced after the update. ``the last scales``
+  bounds the stored values by their scales (no pass over the codes; the
+  scale drifts loose where the gradients' signs vary, and with it the
+  error); ``the stored maxima`` reads each block's largest stored values
+  from its bytes (a reduction over one byte per element, and a tight
+  bound).
+
+The params are updated in their own shape (a blocked view of the params
+returned as the new params makes XLA copy them at every call).
 
 Freed memory is kept (``timing.keep_freed_memory``, as a pooling allocator
 would), so no update pays for fresh pages of its temporaries at each call.
-Each minimal form runs 5 steps from zero state beside the float32 one and
-reports the mean relative error of the params' move against it, so the
-times are those of a working AdamW.
+Each minimal form runs ``CHECK_STEPS`` steps from zero state beside the
+float32 one, on gradients with fresh noise at each step (a constant
+gradient would make the bounded scales exact), and reports the mean
+relative error of the params' move against it, so the times are those of
+a working AdamW.
 
 Run from the repository root:
   python -m benchmarks.minimal_quantized --leaves 16 --rows 256 --cols 1024
@@ -46,16 +62,22 @@ import shardopt
 RESULTS = (pathlib.Path(__file__).resolve().parent / "results"
            / "minimal_quantized.md")
 LR, B1, B2, EPS, WEIGHT_DECAY = 1e-3, 0.9, 0.999, 1e-8, 1e-4
-CHECK_STEPS = 5
+CHECK_STEPS = 20
+CHECK_NOISE = 3.0  # the noise's scale, in units of the gradient's
 
 
-def _adamw(p, g, m, v, count):
-  """(params, m, v) after one AdamW step from float ``m``, ``v``."""
-  m = B1 * m + (1 - B1) * g
-  v = B2 * v + (1 - B2) * g * g
+def _moments(g, m, v):
+  """AdamW's moments after one step from float ``m``, ``v``."""
+  return B1 * m + (1 - B1) * g, B2 * v + (1 - B2) * g * g
+
+
+def _adamw(p, m, v, count):
+  """The params after AdamW's step with the updated moments ``m``, ``v``
+  (blocked or not: the move takes the params' shape)."""
   t = count.astype(jnp.float32)
   m_hat, v_hat = m / (1 - B1 ** t), v / (1 - B2 ** t)
-  return p - LR * (m_hat / (jnp.sqrt(v_hat) + EPS) + WEIGHT_DECAY * p), m, v
+  move = (m_hat / (jnp.sqrt(v_hat) + EPS)).reshape(p.shape)
+  return p - LR * (move + WEIGHT_DECAY * p)
 
 
 def _blocks(x, block):
@@ -93,42 +115,76 @@ def _unhalve(packed):
 
 def _float32_step(p, g, state, count, block):
   del block
-  p, m, v = _adamw(p, g, *state, count)
-  return p, (m, v)
+  m, v = _moments(g, *state)
+  return _adamw(p, m, v, count), (m, v)
 
 
 def _eight_bit_step(p, g, state, count, block):
   (mc, ms), (vc, vs) = state
   m = mc.astype(jnp.float32) * (ms / 127)
   v = jnp.square(vc.astype(jnp.float32) / 255) * vs
-  p, m, v = _adamw(_blocks(p, block), _blocks(g, block), m, v, count)
+  m, v = _moments(_blocks(g, block), m, v)
   ms, vs = _absmax(m), jnp.max(v, axis=-1, keepdims=True)
   mc = jnp.round(m * (127 / _safe(ms))).astype(jnp.int8)
   vc = jnp.round(jnp.sqrt(v / _safe(vs)) * 255).astype(jnp.uint8)
-  return p.reshape(g.shape), ((mc, ms), (vc, vs))
+  return _adamw(p, m, v, count), ((mc, ms), (vc, vs))
 
 
 def _four_bit_step(p, g, state, count, block):
   (mc, ms), (vc, vs) = state
   m = (_unhalve(mc) - 8).astype(jnp.float32) * (ms / 7)
   v = _pow2_value(_unhalve(vc), vs)
-  p, m, v = _adamw(_blocks(p, block), _blocks(g, block), m, v, count)
+  m, v = _moments(_blocks(g, block), m, v)
   ms, vs = _absmax(m), jnp.max(v, axis=-1, keepdims=True)
   mc = _halves(jnp.round(m * (7 / _safe(ms))).astype(jnp.int32) + 8)
   vc = _halves(_pow2_code(v, vs))
-  return p.reshape(g.shape), ((mc, ms), (vc, vs))
+  return _adamw(p, m, v, count), ((mc, ms), (vc, vs))
+
+
+def _joint_decode(codes, ms, vs):
+  codes = codes.astype(jnp.int32)
+  return (((codes & 15) - 8).astype(jnp.float32) * (ms / 7),
+          _pow2_value(codes >> 4, vs))
+
+
+def _joint_encode(m, v, ms, vs):
+  m_code = jnp.clip(jnp.round(m * (7 / _safe(ms))), -7, 7).astype(jnp.int32)
+  return ((m_code + 8) | (_pow2_code(v, vs) << 4)).astype(jnp.uint8)
 
 
 def _four_bit_joint_step(p, g, state, count, block):
   codes, ms, vs = state
-  codes = codes.astype(jnp.int32)
-  m = ((codes & 15) - 8).astype(jnp.float32) * (ms / 7)
-  v = _pow2_value(codes >> 4, vs)
-  p, m, v = _adamw(_blocks(p, block), _blocks(g, block), m, v, count)
+  m, v = _moments(_blocks(g, block), *_joint_decode(codes, ms, vs))
   ms, vs = _absmax(m), jnp.max(v, axis=-1, keepdims=True)
-  m_code = jnp.round(m * (7 / _safe(ms))).astype(jnp.int32) + 8
-  codes = (m_code | (_pow2_code(v, vs) << 4)).astype(jnp.uint8)
-  return p.reshape(g.shape), (codes, ms, vs)
+  return _adamw(p, m, v, count), (_joint_encode(m, v, ms, vs), ms, vs)
+
+
+def _last_scales(codes, m_scale, v_scale):
+  del codes
+  return m_scale, v_scale
+
+
+def _stored_maxima(codes, m_scale, v_scale):
+  """Each block's largest stored ``|m|`` and ``v``, read from its bytes (the
+  second moment's code is the high half: the largest byte holds it)."""
+  m_low = codes & 15
+  m_code = jnp.maximum(jnp.max(m_low, axis=-1, keepdims=True).astype(jnp.int32) - 8,
+                       8 - jnp.min(m_low, axis=-1, keepdims=True).astype(jnp.int32))
+  v_code = (jnp.max(codes, axis=-1, keepdims=True) >> 4).astype(jnp.int32)
+  return m_code.astype(jnp.float32) * (m_scale / 7), _pow2_value(v_code, v_scale)
+
+
+def _bounded_step(stored_bound):
+  """The one-byte 4-bit step with each block's new scales bounded before
+  its moments are updated: the moments' recurrence applied to a bound on
+  the stored values (``stored_bound``) and to the gradient's absmax."""
+  def step(p, g, state, count, block):
+    codes, ms, vs = state
+    g = _blocks(g, block)
+    m, v = _moments(g, *_joint_decode(codes, ms, vs))
+    ms, vs = _moments(_absmax(g), *stored_bound(codes, ms, vs))
+    return _adamw(p, m, v, count), (_joint_encode(m, v, ms, vs), ms, vs)
+  return step
 
 
 def _zero_state(form, p, block):
@@ -143,7 +199,7 @@ def _zero_state(form, p, block):
     half = (*blocked[:-1], block // 2)
     return ((jnp.full(half, 0x88, jnp.uint8), scales()),
             (jnp.zeros(half, jnp.uint8), scales()))
-  return jnp.full(blocked, 0x08, jnp.uint8), scales(), scales()
+  return jnp.full(blocked, 0x08, jnp.uint8), scales(), scales()  # joint
 
 
 # name -> (step, block length)
@@ -152,6 +208,10 @@ MINIMAL = {
     "minimal 8-bit": (_eight_bit_step, 256),
     "minimal 4-bit": (_four_bit_step, 128),
     "minimal 4-bit, one byte per element": (_four_bit_joint_step, 128),
+    "minimal 4-bit, scales bounded from the last scales":
+        (_bounded_step(_last_scales), 128),
+    "minimal 4-bit, scales bounded from the stored maxima":
+        (_bounded_step(_stored_maxima), 128),
 }
 
 
@@ -182,13 +242,25 @@ class _Minimal:
     return self._step.lower(params, grads, state).compile().as_text()
 
 
+def _noisy(grads, step):
+  """``grads`` plus fresh normal noise, ``CHECK_NOISE`` times each leaf's
+  standard deviation, drawn for ``step``."""
+  leaves, treedef = jax.tree.flatten(grads)
+  keys = jax.random.split(jax.random.fold_in(jax.random.key(7), step),
+                          len(leaves))
+  return jax.tree.unflatten(treedef, [
+      g + CHECK_NOISE * jnp.std(g) * jax.random.normal(k, g.shape, g.dtype)
+      for g, k in zip(leaves, keys)])
+
+
 def _moves(opt, params, grads):
-  """The params' moves over ``CHECK_STEPS`` updates from fresh state."""
+  """The params' moves over ``CHECK_STEPS`` updates from fresh state, on
+  ``grads`` with fresh noise at each step."""
   own = jax.tree.map(jnp.copy, params)
   state, moves = opt.init(own), []
-  for _ in range(CHECK_STEPS):
+  for step in range(CHECK_STEPS):
     before = jax.tree.map(np.asarray, own)
-    own, state = opt.update(grads, state, own)
+    own, state = opt.update(_noisy(grads, step), state, own)
     moves.append(jax.tree.map(lambda a, b: np.asarray(a) - b, own, before))
   return moves
 
@@ -257,7 +329,9 @@ def write_results(path: pathlib.Path, command: str, args, rows) -> None:
       " blocks of as many along the last dimension, jitted directly."
       f" Move error: the largest over {CHECK_STEPS} steps from zero state of"
       " the mean over leaves of |move - float32 move| / |float32 move|"
-      " (shardopt's float32 the reference). Kernels: fusions in the compiled"
+      " (shardopt's float32 the reference), the gradients with fresh normal"
+      f" noise of {CHECK_NOISE:g} times their standard deviation at each"
+      " step. Kernels: fusions in the compiled"
       " update. Times: the median over"
       f" {args.rounds} interleaved rounds of {args.steps} calls back to back,"
       " waited for after the last, freed memory kept (`timing.keep_freed_memory`);"

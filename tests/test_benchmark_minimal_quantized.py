@@ -5,6 +5,7 @@ import types
 
 import jax
 import numpy as np
+import pytest
 
 from benchmarks import minimal_quantized as bench
 from benchmarks import one_device
@@ -43,6 +44,39 @@ def test_minimal_quantized_forms_follow_float32_within_their_codes():
   joint = _minimal_moves("minimal 4-bit, one byte per element", params, grads)
   for a, b in zip(jax.tree.leaves(four), jax.tree.leaves(joint)):
     np.testing.assert_array_equal(a, b)
+
+
+_BOUNDED = ["minimal 4-bit, scales bounded from the last scales",
+            "minimal 4-bit, scales bounded from the stored maxima"]
+
+
+@pytest.mark.parametrize("name", _BOUNDED)
+def test_bounded_scales_hold_the_moments_they_store(name):
+  """The scales set before the moments are updated are at least the
+  updated moments' block maxima: no value is clipped."""
+  params, grads, _ = _problem()
+  form, block = bench.MINIMAL[name]
+  opt = bench._Minimal(form, block)
+  own = jax.tree.map(np.copy, params)
+  state = opt.init(own)
+  for step in range(bench.CHECK_STEPS):
+    noisy = bench._noisy(grads, step)
+    before = {k: bench._joint_decode(*s) for k, s in state[1].items()}
+    own, state = opt.update(noisy, state, own)
+    for k, (_, m_scale, v_scale) in state[1].items():
+      m, v = bench._moments(bench._blocks(noisy[k], block), *before[k])
+      assert np.all(np.abs(m) <= m_scale * (1 + 1e-6))
+      assert np.all(v <= v_scale * (1 + 1e-6))
+
+
+def test_a_looser_bound_costs_resolution():
+  """Scales bounded from the last scales drift loose under noisy
+  gradients; the stored maxima keep the error near the exact scales'."""
+  params, grads, reference = _problem()
+  exact, tight, loose = (
+      bench._move_error(_minimal_moves(name, params, grads), reference)
+      for name in ["minimal 4-bit, one byte per element", *reversed(_BOUNDED)])
+  assert exact < tight < 1.2 * exact < loose
 
 
 def test_the_results_table_has_a_row_per_update(tmp_path):
