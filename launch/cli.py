@@ -77,10 +77,11 @@ def _add_layout(p) -> None:
   g.add_argument("--mesh", default="data=4,model=2",
                  help="mesh shape over all devices of all processes, axes named data and"
                  " model; one axis may be -1")
-  g.add_argument("--axis-types", choices=("auto", "explicit"), default="auto",
+  g.add_argument("--axis-types", default="auto",
                  help="the mesh axes' type: auto (XLA's partitioner lays out what the"
-                 " shardings leave open) or explicit (every array's layout is part of"
-                 " its type, jax.sharding.AxisType.Explicit); a resume may change it")
+                 " shardings leave open), explicit (every array's layout is part of"
+                 " its type, jax.sharding.AxisType.Explicit), or one per axis, e.g."
+                 " data=explicit,model=auto; a resume may change it")
   g.add_argument("--rules", default="tp",
                  help="partition-rule preset of partitioning.decoder_rules: replicated,"
                  " fsdp (d_model over the data axis), tp (heads, mlp and vocab over the"

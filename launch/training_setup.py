@@ -105,7 +105,7 @@ def describe(args, mesh, rules, specs, abstract, state, opt) -> None:
   plan = partitioning.memory_plan(abstract, state, num_devices=mesh.size)
   say(f"processes: {jax.process_count()}  devices: {jax.device_count()}"
       f" ({jax.local_device_count()} local, {jax.devices()[0].platform})",
-      f"mesh: {dict(mesh.shape)}, {args.axis_types} axes",
+      f"mesh: {dict(mesh.shape)}, {partitioning.describe_axis_types(mesh)}",
       f"optimizer: {args.optimizer}  lr: {args.lr:g} (default for {args.optimizer}:"
       f" {defaults.learning_rate(args.optimizer):g}, {defaults.source(args.optimizer)})"
       f"  schedule: {args.schedule}  ZeRO: {args.zero}",

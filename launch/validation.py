@@ -27,7 +27,7 @@ from launch.optim import with_state_bits
 import partitioning
 
 __all__ = ["NonFiniteGuard", "as_usage_error", "blame_values", "built_optimizer", "checked_flags",
-           "checked_mesh", "checked_optimizer", "with_optimizer_defaults"]
+           "checked_layout", "checked_mesh", "checked_optimizer", "with_optimizer_defaults"]
 
 _AXES = ("data", "model")
 
@@ -92,18 +92,29 @@ def blame_values(args: argparse.Namespace, attempt):
                      " defaults; change them") from e
 
 
-def checked_mesh(args) -> jax.sharding.Mesh:
-  """The mesh of --mesh over every device, with --batch split evenly over data."""
+def checked_layout(args, num_devices: int | None = None) -> tuple[dict, dict]:
+  """--mesh and --axis-types checked against each other: (axis -> size, axis ->
+  ``jax.sharding.AxisType``) for the axes data and model. Given ``num_devices``, the sizes
+  must fill them (a -1 resolved); without, only the flags' own form is checked
+  (--print-config)."""
   with as_usage_error(f"--mesh {args.mesh}"):
-    sizes = partitioning.parse_mesh_shape(args.mesh, jax.device_count())
+    sizes = partitioning.parse_mesh_shape(args.mesh, num_devices)
   if sorted(sizes) != sorted(_AXES):
     raise UsageError(f"--mesh {args.mesh}: needs exactly the axes data and model"
                      f" (e.g. data={jax.device_count()},model=1)")
+  with as_usage_error(f"--axis-types {args.axis_types}"):
+    return sizes, dict(zip(sizes, partitioning.parse_axis_types(args.axis_types, sizes)))
+
+
+def checked_mesh(args) -> jax.sharding.Mesh:
+  """The mesh of --mesh and --axis-types over every device, with --batch split evenly over
+  data."""
+  sizes, axis_types = checked_layout(args, jax.device_count())
   if args.batch % sizes["data"]:
     raise UsageError(f"--batch {args.batch}: must be a multiple of the data axis"
                      f" (data={sizes['data']} in --mesh {args.mesh}), e.g."
                      f" --batch {max(1, args.batch // sizes['data']) * sizes['data']}")
-  return partitioning.make_mesh(sizes, axis_types=args.axis_types)
+  return partitioning.make_mesh(sizes, axis_types=axis_types)
 
 
 def checked_optimizer(args):
@@ -124,9 +135,11 @@ def built_optimizer(args):
 
 def checked_flags(args) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
   """The job's checks that need no device, first in a run and all that --print-config runs:
-  --seq-len and (with --eval-every) --batch against the corpus, then the optimizer built
+  --mesh and --axis-types in their own form, --seq-len and (with --eval-every) --batch
+  against the corpus, then the optimizer built
   (``blame_values``; its warnings are left to the run's traced step). Returns (the corpus's
   training slice, its held-out slice, the held-out batches or None)."""
+  checked_layout(args)
   train_bytes, held_out = data.split(data.load_corpus())
   with as_usage_error(f"--seq-len {args.seq_len}"):
     data.check_seq_len(args.seq_len, train_bytes, held_out)

@@ -85,8 +85,10 @@ def test_the_plot_title_names_every_flag_that_defines_the_run_with_the_value_in_
     ["--optimizer", "dpsgd"],
     ["--seq-len", "200000"],
     ["--batch", "100000"],
+    ["--mesh", "data:4"],
+    ["--axis-types", "data=explicit"],
 ], ids=["opt_given_twice", "keyword_not_taken", "lr_not_a_schedule", "not_in_the_job",
-        "seq_len_over_the_corpus", "no_held_out_batch"])
+        "seq_len_over_the_corpus", "no_held_out_batch", "mesh_syntax", "axis_types_left_out"])
 def test_print_config_refuses_what_a_run_refuses(tmp_path, capsys, argv):
   """--print-config printed a file for flags a run refuses: for --opt decay_rate=0.8 --opt
   decay_rate=0.9 one that --config cannot read (a duplicate TOML key). It now fails as the run

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType
 
-from partitioning import PartitionError, make_abstract_mesh, make_mesh, parse_mesh_shape
+from partitioning import (PartitionError, describe_axis_types, make_abstract_mesh, make_mesh,
+                          parse_mesh_shape)
 
 
 @pytest.mark.parametrize(
@@ -67,6 +68,39 @@ def test_numpy_integer_sizes_are_sizes():
 def test_bad_shapes_raise_clear_errors(shape, message):
   with pytest.raises(PartitionError) as e:
     make_mesh(shape)
+  assert message in str(e.value)
+
+
+@pytest.mark.parametrize("axis_types", [
+    {"data": "explicit", "model": "auto"},
+    {"model": AxisType.Auto, "data": AxisType.Explicit},
+    "data=explicit, model=auto",
+])
+def test_each_axis_may_have_its_own_type(axis_types):
+  mesh = make_mesh("data=2,model=4", axis_types=axis_types)
+  assert mesh.axis_types == (AxisType.Explicit, AxisType.Auto)
+  assert mesh.abstract_mesh.explicit_axes == ("data",)
+  abstract = make_abstract_mesh({"data": 16, "model": 16}, axis_types=axis_types)
+  assert abstract.axis_types == (AxisType.Explicit, AxisType.Auto)
+  assert describe_axis_types(mesh) == "data explicit, model auto axes"
+  assert describe_axis_types(make_mesh("data=8", axis_types="explicit")) == "explicit axes"
+
+
+@pytest.mark.parametrize(
+    "axis_types, message",
+    [
+        ("data=explicit", "gives no type to axis 'model': name every axis, e.g."
+                          " 'data=explicit,model=auto'"),
+        ({"data": "auto", "model": "auto", "batch": "auto"},
+         "names 'batch', which is not an axis of the mesh (axes: data, model)"),
+        ("data=explicit,model=manual", "type 'manual' of axis 'model' is not one of"),
+        ("data=explicit,model", "part 'model' is not 'name=type'"),
+        ("data=auto,data=explicit", "axis 'data' appears twice"),
+    ],
+)
+def test_bad_per_axis_types_raise_clear_errors(axis_types, message):
+  with pytest.raises(PartitionError) as e:
+    make_mesh("data=2,model=4", axis_types=axis_types)
   assert message in str(e.value)
 
 
