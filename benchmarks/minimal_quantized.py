@@ -160,6 +160,8 @@ def _four_bit_joint_step(p, g, state, count, block):
 
 
 def _last_scales(codes, m_scale, v_scale):
+  """Each block's stored values bounded by its scales (no pass over the
+  codes)."""
   del codes
   return m_scale, v_scale
 
@@ -199,7 +201,8 @@ def _zero_state(form, p, block):
     half = (*blocked[:-1], block // 2)
     return ((jnp.full(half, 0x88, jnp.uint8), scales()),
             (jnp.zeros(half, jnp.uint8), scales()))
-  return jnp.full(blocked, 0x08, jnp.uint8), scales(), scales()  # joint
+  # One byte per element: the joint and the bounded forms.
+  return jnp.full(blocked, 0x08, jnp.uint8), scales(), scales()
 
 
 # name -> (step, block length)

@@ -22,7 +22,7 @@ __all__ = ["describe_axis_types", "make_abstract_mesh", "make_mesh",
            "parse_axis_types", "parse_mesh_shape"]
 
 MeshShape = Mapping[str, int] | str
-AxisTypes = Mapping[str, str] | str
+AxisTypes = Mapping[str, str | AxisType] | str
 
 _AXIS_TYPES = {"auto": AxisType.Auto, "explicit": AxisType.Explicit}
 
