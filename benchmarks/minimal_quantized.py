@@ -245,25 +245,29 @@ class _Minimal:
     return self._step.lower(params, grads, state).compile().as_text()
 
 
-def _noisy(grads, step):
-  """``grads`` plus fresh normal noise, ``CHECK_NOISE`` times each leaf's
-  standard deviation, drawn for ``step``."""
+def _check_gradients(grads):
+  """``CHECK_STEPS`` trees of ``grads`` plus fresh normal noise,
+  ``CHECK_NOISE`` times each leaf's standard deviation, one per step."""
   leaves, treedef = jax.tree.flatten(grads)
-  keys = jax.random.split(jax.random.fold_in(jax.random.key(7), step),
-                          len(leaves))
-  return jax.tree.unflatten(treedef, [
-      g + CHECK_NOISE * jnp.std(g) * jax.random.normal(k, g.shape, g.dtype)
-      for g, k in zip(leaves, keys)])
+
+  def noisy(step):
+    keys = jax.random.split(jax.random.fold_in(jax.random.key(7), step),
+                            len(leaves))
+    return jax.tree.unflatten(treedef, [
+        g + CHECK_NOISE * jnp.std(g) * jax.random.normal(k, g.shape, g.dtype)
+        for g, k in zip(leaves, keys)])
+
+  return [noisy(step) for step in range(CHECK_STEPS)]
 
 
-def _moves(opt, params, grads):
-  """The params' moves over ``CHECK_STEPS`` updates from fresh state, on
-  ``grads`` with fresh noise at each step."""
+def _moves(opt, params, gradients):
+  """The params' moves over one update per tree of ``gradients``
+  (``_check_gradients``) from fresh state."""
   own = jax.tree.map(jnp.copy, params)
   state, moves = opt.init(own), []
-  for step in range(CHECK_STEPS):
+  for grads in gradients:
     before = jax.tree.map(np.asarray, own)
-    own, state = opt.update(_noisy(grads, step), state, own)
+    own, state = opt.update(grads, state, own)
     moves.append(jax.tree.map(lambda a, b: np.asarray(a) - b, own, before))
   return moves
 
@@ -298,10 +302,11 @@ def measure(args):
   optimizers = _shardopt_variants(params, shardings)
   optimizers.update({name: _Minimal(form, block)
                      for name, (form, block) in MINIMAL.items()})
-  reference = _moves(optimizers["shardopt float32"], params, grads)
+  gradients = _check_gradients(grads)
+  reference = _moves(optimizers["shardopt float32"], params, gradients)
   layouts, errors, kernels = {}, {}, {}
   for name, opt in optimizers.items():
-    errors[name] = _move_error(_moves(opt, params, grads), reference)
+    errors[name] = _move_error(_moves(opt, params, gradients), reference)
     own = jax.tree.map(jnp.copy, params)
     state = opt.init(own)
     text = (opt.compiled_text(grads, state, own) if isinstance(opt, _Minimal)

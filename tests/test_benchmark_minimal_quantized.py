@@ -15,19 +15,20 @@ import shardopt
 def _problem():
   args = types.SimpleNamespace(leaves=2, rows=8, cols=512)
   params, grads, shardings = one_device.problem(args)
+  gradients = bench._check_gradients(grads)
   reference = bench._moves(shardopt.make_sharded_optimizer(
-      one_device.optimizer(None), params, shardings), params, grads)
-  return params, grads, reference
+      one_device.optimizer(None), params, shardings), params, gradients)
+  return params, gradients, reference
 
 
-def _minimal_moves(name, params, grads):
+def _minimal_moves(name, params, gradients):
   form, block = bench.MINIMAL[name]
-  return bench._moves(bench._Minimal(form, block), params, grads)
+  return bench._moves(bench._Minimal(form, block), params, gradients)
 
 
 def test_minimal_float32_moves_the_params_as_shardopts_adamw():
-  params, grads, reference = _problem()
-  moves = _minimal_moves("minimal float32", params, grads)
+  params, gradients, reference = _problem()
+  moves = _minimal_moves("minimal float32", params, gradients)
   # A move is a difference of params near 1: float32 rounds it to within
   # one of their ulps (1.2e-7), moves are near 1e-3.
   for got, want in zip(jax.tree.leaves(moves), jax.tree.leaves(reference)):
@@ -35,13 +36,13 @@ def test_minimal_float32_moves_the_params_as_shardopts_adamw():
 
 
 def test_minimal_quantized_forms_follow_float32_within_their_codes():
-  params, grads, reference = _problem()
-  eight = _minimal_moves("minimal 8-bit", params, grads)
+  params, gradients, reference = _problem()
+  eight = _minimal_moves("minimal 8-bit", params, gradients)
   assert bench._move_error(eight, reference) < 0.1
-  four = _minimal_moves("minimal 4-bit", params, grads)
+  four = _minimal_moves("minimal 4-bit", params, gradients)
   assert bench._move_error(four, reference) < 0.5
   # The same codes in one byte per element: the same params, bit for bit.
-  joint = _minimal_moves("minimal 4-bit, one byte per element", params, grads)
+  joint = _minimal_moves("minimal 4-bit, one byte per element", params, gradients)
   for a, b in zip(jax.tree.leaves(four), jax.tree.leaves(joint)):
     np.testing.assert_array_equal(a, b)
 
@@ -54,13 +55,12 @@ _BOUNDED = ["minimal 4-bit, scales bounded from the last scales",
 def test_bounded_scales_hold_the_moments_they_store(name):
   """The scales set before the moments are updated are at least the
   updated moments' block maxima: no value is clipped."""
-  params, grads, _ = _problem()
+  params, gradients, _ = _problem()
   form, block = bench.MINIMAL[name]
   opt = bench._Minimal(form, block)
   own = jax.tree.map(np.copy, params)
   state = opt.init(own)
-  for step in range(bench.CHECK_STEPS):
-    noisy = bench._noisy(grads, step)
+  for noisy in gradients:
     before = {k: bench._joint_decode(*s) for k, s in state[1].items()}
     own, state = opt.update(noisy, state, own)
     for k, (_, m_scale, v_scale) in state[1].items():
@@ -72,9 +72,9 @@ def test_bounded_scales_hold_the_moments_they_store(name):
 def test_a_looser_bound_costs_resolution():
   """Scales bounded from the last scales drift loose under noisy
   gradients; the stored maxima keep the error near the exact scales'."""
-  params, grads, reference = _problem()
+  params, gradients, reference = _problem()
   exact, tight, loose = (
-      bench._move_error(_minimal_moves(name, params, grads), reference)
+      bench._move_error(_minimal_moves(name, params, gradients), reference)
       for name in ["minimal 4-bit, one byte per element", *reversed(_BOUNDED)])
   assert exact < tight < 1.2 * exact < loose
 
