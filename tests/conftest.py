@@ -15,16 +15,22 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # 175 -> 112 CPU-seconds); XLA:CPU's elemental emitter
 # (--xla_cpu_use_fusion_emitters=false) halves it again (the harness's sharded
 # step cells, cold cache: 348 -> 175 s; `bash .ci/run` on a fresh clone with 2
-# cores: 1897 -> 787 s, pytest's own count 762 s). Both change how XLA:CPU
-# generates each kernel's code, not the partitioned program: its shardings and
-# collectives are the ones users get. What they can change is rounding: tests
-# marked ``default_codegen`` assert results that hold under XLA:CPU's default
+# cores: 1897 -> 787 s, pytest's own count 762 s). Compiling each program's
+# LLVM code in one part (--xla_cpu_parallel_codegen_split_count=1), not in
+# parts on threads that two workers on two cores cannot run side by side, cuts
+# a fifth more (the harness's adamw and lion sharded-step cells, cold cache,
+# one process, 4 paired runs: 51-56 -> 41-45 CPU-seconds). All three change
+# how XLA:CPU generates each kernel's code, not the partitioned program: its
+# shardings and collectives are the ones users get. What they can change is
+# rounding (with the elemental emitter, one part instead of several moved one
+# array of 30 by one ulp after 3 steps of 4 optimizers): tests marked
+# ``default_codegen`` assert results that hold under XLA:CPU's default
 # emitters only (two different programs equal bit for bit, or optax's numbers
 # to 1e-6 through a line search or Newton-Schulz iterations, which amplify a
 # last-bit difference), and run in a child pytest with the default emitters
-# (``pytest_pyfunc_call`` below). The flags reach every subprocess a test
-# starts (launch_helpers.child_env), so in-process references and jobs compile
-# alike.
+# and parts (``pytest_pyfunc_call`` below). The flags reach every subprocess a
+# test starts (launch_helpers.child_env), so in-process references and jobs
+# compile alike.
 _DEFAULT_CODEGEN_ENV = "SHARDOPT_TESTS_DEFAULT_CODEGEN"
 _DEFAULT_CODEGEN = os.environ.get(_DEFAULT_CODEGEN_ENV) == "1"
 # XLA:CPU aborts the process when a simulated device reaches a collective's
@@ -34,14 +40,15 @@ _DEFAULT_CODEGEN = os.environ.get(_DEFAULT_CODEGEN_ENV) == "1"
 _SUITE_FLAGS = ("--xla_force_host_platform_device_count=8",
                 "--xla_backend_optimization_level=0",
                 "--xla_cpu_collective_call_terminate_timeout_seconds=600")
-_ELEMENTAL_EMITTER = "--xla_cpu_use_fusion_emitters=false"
+_FAST_CODEGEN = ("--xla_cpu_use_fusion_emitters=false",
+                 "--xla_cpu_parallel_codegen_split_count=1")
 # The user's flags without the suite's (xdist's workers inherit the flags this
 # file set in their controller).
 _USER_XLA_FLAGS = [flag for flag in os.environ.get("XLA_FLAGS", "").split()
-                   if flag not in (*_SUITE_FLAGS, _ELEMENTAL_EMITTER)]
+                   if flag not in (*_SUITE_FLAGS, *_FAST_CODEGEN)]
 os.environ["XLA_FLAGS"] = " ".join(
     [*_USER_XLA_FLAGS, *_SUITE_FLAGS]
-    + ([] if _DEFAULT_CODEGEN else [_ELEMENTAL_EMITTER]))
+    + ([] if _DEFAULT_CODEGEN else list(_FAST_CODEGEN)))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
