@@ -1,6 +1,6 @@
 """The suite's two codegens (conftest): unmarked tests compile with XLA:CPU's
-elemental emitter, ``default_codegen`` tests in a child pytest with the
-default emitters."""
+elemental emitter and each program's LLVM code in one part,
+``default_codegen`` tests in a child pytest with XLA:CPU's defaults."""
 
 import os
 import pathlib
@@ -11,17 +11,18 @@ import pytest
 
 from tests import junit_report
 
-_ELEMENTAL = "--xla_cpu_use_fusion_emitters=false"
+_FAST_CODEGEN = {"--xla_cpu_use_fusion_emitters=false",
+                 "--xla_cpu_parallel_codegen_split_count=1"}
 
 
-def test_unmarked_tests_compile_with_the_elemental_emitter():
-  assert _ELEMENTAL in os.environ["XLA_FLAGS"].split()
+def test_unmarked_tests_compile_with_the_elemental_emitter_in_one_part():
+  assert _FAST_CODEGEN <= set(os.environ["XLA_FLAGS"].split())
 
 
 @pytest.mark.default_codegen
 def test_marked_tests_run_in_a_child_with_the_default_emitters():
   assert os.environ["SHARDOPT_TESTS_DEFAULT_CODEGEN"] == "1"
-  assert _ELEMENTAL not in os.environ["XLA_FLAGS"].split()
+  assert not _FAST_CODEGEN & set(os.environ["XLA_FLAGS"].split())
   assert "--xla_force_host_platform_device_count=8" in os.environ["XLA_FLAGS"].split()
 
 
