@@ -18,17 +18,19 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # cores: 1897 -> 787 s, pytest's own count 762 s). Compiling each program's
 # LLVM code in one part (--xla_cpu_parallel_codegen_split_count=1), not in
 # parts on threads that two workers on two cores cannot run side by side, cuts
-# a fifth more (the harness's adamw and lion sharded-step cells, cold cache,
-# one process, 4 paired runs: 51-56 -> 41-45 CPU-seconds). All three change
-# how XLA:CPU generates each kernel's code, not the partitioned program: its
-# shardings and collectives are the ones users get. What they can change is
-# rounding (with the elemental emitter, one part instead of several moved one
-# array of 30 by one ulp after 3 steps of 4 optimizers): tests marked
-# ``default_codegen`` assert results that hold under XLA:CPU's default
-# emitters only (two different programs equal bit for bit, or optax's numbers
-# to 1e-6 through a line search or Newton-Schulz iterations, which amplify a
-# last-bit difference), and run in a child pytest with the default emitters
-# and parts (``pytest_pyfunc_call`` below). The flags reach every subprocess a
+# a fifth of a harness subset's CPU time (its adamw and lion sharded-step
+# cells, cold cache, one process, 4 paired runs: 51-56 -> 41-45 s) and about a
+# tenth of the suite's (a fresh clone's summed test time: 3645-4044 s in 3
+# runs -> 3430 and 3543 s in 2). All three change how XLA:CPU generates each
+# kernel's code, not the partitioned program: its shardings and collectives
+# are the ones users get. What they can change is rounding (with the
+# elemental emitter, one part instead of several moved one array of 30 by one
+# ulp after 3 steps of 4 optimizers): tests marked ``default_codegen`` assert
+# results that hold under XLA:CPU's default emitters only (two different
+# programs equal bit for bit, or optax's numbers to 1e-6 through a line search
+# or Newton-Schulz iterations, which amplify a last-bit difference), and run
+# in a child pytest with the default emitters and parts
+# (``pytest_pyfunc_call`` below). The flags reach every subprocess a
 # test starts (launch_helpers.child_env), so in-process references and jobs
 # compile alike.
 _DEFAULT_CODEGEN_ENV = "SHARDOPT_TESTS_DEFAULT_CODEGEN"

@@ -1,6 +1,7 @@
 """benchmarks/minimal_quantized.py times working AdamW updates: its minimal
 forms, written directly in jax.numpy, against shardopt's AdamW."""
 
+import functools
 import types
 
 import jax
@@ -12,7 +13,10 @@ from benchmarks import one_device
 import shardopt
 
 
+@functools.cache
 def _problem():
+  """(params, the check's noisy gradients, shardopt float32's moves on them),
+  built once: the tests copy what they update."""
   args = types.SimpleNamespace(leaves=2, rows=8, cols=512)
   params, grads, shardings = one_device.problem(args)
   gradients = bench._check_gradients(grads)
