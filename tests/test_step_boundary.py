@@ -94,6 +94,10 @@ def test_a_donated_array_is_refused_with_the_reason():
     opt.update(grads, new_state, params)
   with pytest.raises(RuntimeError, match=r"state\[0\]\.mu\['b'\]"):
     opt.update(grads, state, new_params)
+  with pytest.raises(RuntimeError, match=re.escape(  # 7 deleted: 5 named
+      "got deleted arrays: params['b'], params['w'], state[0].count, "
+      "state[0].mu['b'], state[0].mu['w'] and 2 more. They were")):
+    opt.update(grads, state, params)
   new_params, _ = opt.update(grads, new_state, new_params)  # still usable
   assert not new_params["w"].is_deleted()
 

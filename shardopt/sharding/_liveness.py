@@ -14,6 +14,8 @@ import jax
 from jax.tree_util import keystr
 from jax.tree_util import tree_flatten_with_path
 
+from shardopt._src import messages
+
 __all__ = ["check_live", "is_concrete_array"]
 
 
@@ -45,8 +47,7 @@ def _raise_deleted(what: str, trees: dict) -> NoReturn:
   dead = [f"{name}{keystr(path)}" for name, tree in trees.items()
           for path, x in tree_flatten_with_path(tree)[0] if _is_deleted(x)]
   raise RuntimeError(
-      f"{what} got deleted arrays: {', '.join(dead[:5])}"
-      f"{f' and {len(dead) - 5} more' if len(dead) > 5 else ''}. They were "
+      f"{what} got deleted arrays: {messages.first_few(dead, 5)}. They were "
       "donated to an earlier call of the sharded step (make_sharded_optimizer"
       "(..., donate=True), the default, consumes the params and state it is "
       "given and reuses their memory for the results). Pass the params and "

@@ -17,6 +17,7 @@ import numbers
 import jax
 
 from shardopt._src import base
+from shardopt._src import messages
 from shardopt._src import moments
 from shardopt._src import state_structure
 from shardopt._src.quantization import codes
@@ -95,11 +96,10 @@ class _Quantizer:
     if paths:
       raise ValueError(
           f"quantized_state(bits={self.bits}): the transformation it wraps "
-          f"already stores quantized state (at {paths[0]}"
-          f"{f' and {len(paths) - 1} more' if len(paths) > 1 else ''}): a "
-          "quantized_state inside it (e.g. adamw(..., state_bits=8)) fixed "
-          "its width. Quantize once: drop the inner state_bits (or "
-          "quantized_state), or this wrapper.")
+          "already stores quantized state (at "
+          f"{messages.first_few(paths, 1)}): a quantized_state inside it "
+          "(e.g. adamw(..., state_bits=8)) fixed its width. Quantize once: "
+          "drop the inner state_bits (or quantized_state), or this wrapper.")
 
   def update(self, updates, state, params=None, **extra_args):
     # Every ``QuantizedArray`` is this wrapper's (``init`` refuses an inner
