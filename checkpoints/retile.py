@@ -152,8 +152,12 @@ def _saved_form(name: str, node, saved: dict[str, dict]):
 
 
 def _other_tiles(node, codes: dict, scales: dict):
-  """``node``'s codes and scales in their saved shapes, where they differ."""
-  if (tuple(codes["shape"]), tuple(scales["shape"])) == (node.codes.shape, node.scales.shape):
+  """``node``'s codes and scales in their saved shapes, where only they
+  differ: codes recorded with another meaning (bits, sign, code) are left
+  for the restore to report, in the target's own shapes."""
+  same_shapes = (tuple(codes["shape"]), tuple(scales["shape"])) == (node.codes.shape, node.scales.shape)
+  meaning = codes.get("quantized")
+  if same_shapes or (meaning is not None and meaning != _meaning(node.bits, node.signed, node.code)):
     return None
   return shardopt.QuantizedArray(
       _stand_in(codes["shape"], node.codes.dtype, node.codes),

@@ -218,7 +218,8 @@ def test_quantized_codes_of_another_meaning_are_refused(tmp_path, target_tx, mea
   """Codes are read by what they mean, not by their shape alone: 8-bit
   companded codes restored into a 4-bit or a dynamic-code target (the same
   shapes for the dynamic code, whose book would misread them) raise
-  StructureMismatchError naming each moment's codes."""
+  StructureMismatchError naming each moment's codes as saved and as the
+  target holds them (the 4-bit target's were shown in the saved shape)."""
   mesh = _mesh((2, 4))
   _, params, state = _quantized_state(shardopt.adamw(1e-2, state_bits=8), mesh)
   with ck.CheckpointManager(tmp_path) as mngr:
@@ -229,10 +230,12 @@ def test_quantized_codes_of_another_meaning_are_refused(tmp_path, target_tx, mea
     with pytest.raises(ck.StructureMismatchError) as info:
       mngr.restore({"params": abstract, "opt_state": target_opt.init.eval_shape(abstract)})
   message = str(info.value)
+  target_state = target_opt.init.eval_shape(abstract)
   for moment, sign in (("mu", "signed"), ("nu", "non-negative")):
     line = next(l for l in message.splitlines() if f"opt_state.0.{moment}.w.codes:" in l)
-    assert f"(8-bit companded {sign} codes) vs target" in line, line
-    assert line.endswith(f"({meaning.format(sign)} codes)"), line
+    saved_codes, target_codes = getattr(state[0], moment)["w"].codes, getattr(target_state[0], moment)["w"].codes
+    assert f"saved uint8{saved_codes.shape} (8-bit companded {sign} codes) vs target" in line, line
+    assert line.endswith(f"target uint8{target_codes.shape} ({meaning.format(sign)} codes)"), line
 
 
 def test_a_record_without_code_meanings_restores_on_shapes():
