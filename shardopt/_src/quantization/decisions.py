@@ -39,16 +39,27 @@ class Decision(NamedTuple):
   no_block_fits: bool = False  # a moment kept in float for want of a tile
 
 
+def _block_sizes(most: int, least: int) -> list[int]:
+  """The block sizes a moment may get, largest first: ``most`` halved
+  (rounding down) while at least ``least``."""
+  sizes = []
+  while most >= least:
+    sizes.append(most)
+    most //= 2
+  return sizes
+
+
 def _largest_tile(shape, most: int, least: int, fit):
-  """The tile of the largest power-of-two fraction of ``most`` elements, at
-  least ``least``, whose lengths divide ``fit``; None if there is none."""
-  size = most
-  while size >= least:
-    tile = blocks.choose_tile(shape, size, fit)
-    if tile is not None:
-      return tile
-    size //= 2
-  return None
+  """The tile of the largest of ``_block_sizes(most, least)`` elements
+  whose lengths divide ``fit``; None if there is none."""
+  tiles = (blocks.choose_tile(shape, size, fit) for size in _block_sizes(most, least))
+  return next((tile for tile in tiles if tile is not None), None)
+
+
+def _words(sizes: list[int]) -> str:
+  """``[256, 128, 64]`` as ``"256, 128 or 64"``."""
+  shown = [str(n) for n in sizes]
+  return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
 
 
 def _is_float(x) -> bool:
@@ -73,8 +84,8 @@ def _tile(leaf, block_size: int,
   tile = _largest_tile(leaf.shape, block_size, smallest, fit)
   if tile is not None:
     return tile, ""
-  return None, (f"no tile of {smallest} to {block_size} elements "
-                f"divides its shard {fit}")
+  return None, (f"no tile of {_words(_block_sizes(block_size, smallest))} "
+                f"elements divides its shard {fit}")
 
 
 def moment_code(kind: moments.LeafKind, bits: int) -> tuple[bool, int]:
