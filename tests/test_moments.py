@@ -41,6 +41,22 @@ def test_every_floor_is_of_a_class_in_the_table():
   assert set(moments.OPTAX_MIN_BITS) <= set(moments.OPTAX_MOMENTS)
 
 
+@pytest.mark.parametrize("key", sorted(moments.OPTAX_KEPT))
+def test_kept_fields_are_optax_fields_and_no_moments(key):
+  """A kept field (centred RMSProp's averages) names a field of optax's
+  class, is no declared moment and gives its reason to every leaf below."""
+  cls = _optax_class(key)
+  kept = moments.declared_kept(cls)
+  assert kept is moments.OPTAX_KEPT[key]
+  assert set(kept) <= set(cls._fields), (key, cls._fields)
+  assert not set(kept) & set(moments.declared_moments(cls) or {})
+  state = cls(**{f: {"w": jnp.zeros((4, 8))} if f in kept else jnp.zeros((), jnp.int32)
+                 for f in cls._fields})
+  kinds = moments.leaf_kinds(state, {"w": jnp.zeros((4, 8))})
+  assert [k.kept for k in kinds if k.field.split(".")[1] in kept] == list(kept.values())
+  assert all(k.kind is None for k in kinds)
+
+
 def _node_classes(node) -> set[str]:
   """The "module.QualifiedName" of every NamedTuple node in a pytree."""
   found = set()

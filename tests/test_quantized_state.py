@@ -288,14 +288,19 @@ def test_centered_rms_keeps_its_moments_in_float(lib, bits):
   """Centered RMSProp divides by sqrt(nu - mu**2): with mu and nu quantized
   (declared as Adam's, before), that difference went negative and the
   params non-finite at step 11 (8 bits) and 2 (4 bits) on this stream.
-  Neither is declared a moment, so the quantized run is the float run."""
+  Both are declared kept (optax's class by the table), so the quantized
+  run is the float run, and the report says why."""
   params = {"w": jax.random.normal(jax.random.key(0), (64, 128))}
   tx = lib.rmsprop(1e-3, centered=True, momentum=0.9)
   quantized = shardopt.quantized_state(tx, bits)
-  assert {l.path: l.stored for l in shardopt.describe_quantized_state(
-      quantized, params).leaves if l.shape == (64, 128)} == {
-          "[0].mu['w']": "float32", "[0].nu['w']": "float32",
-          "[2].trace['w']": f"companded-signed-{bits}"}
+  report = shardopt.describe_quantized_state(quantized, params)
+  assert {l.path: l.stored for l in report.leaves if l.shape == (64, 128)} == {
+      "[0].mu['w']": "float32", "[0].nu['w']": "float32",
+      "[2].trace['w']": f"companded-signed-{bits}"}
+  assert {l.path: l.reason for l in report.kept if l.shape == (64, 128)} == {
+      f"[0].{f}['w']": "kept in float: the update divides by sqrt(nu - mu**2), which"
+                       f" separately rounded codes make negative (ScaleByRStdDevState.{f})"
+      for f in ("mu", "nu")}
 
   def step(tx):
     def run(params, state, i):  # a steady pull, small noise: low variance
@@ -320,13 +325,17 @@ def test_soap_keeps_its_first_moment_in_float(bits, lr):
   """SOAP divides its first moment, rotated into the eigenbasis, by sqrt(nu):
   with mu quantized (declared with an 8-bit floor, before) its default
   build moved 10% (lr 0.1) and 35% (lr 0.01) off float state at 8 bits in 5
-  steps. Kept in float, nu quantized: within 5% / 25%."""
+  steps. Declared kept (the report says why), nu quantized: within 5% /
+  25%."""
   params = {"w": jax.random.normal(jax.random.key(5), (64, 128))}
   tx = shardopt.contrib.soap(lr)
   quantized = shardopt.quantized_state(tx, bits)
-  stored = {l.path: l.stored for l in shardopt.describe_quantized_state(
-      quantized, params).leaves if l.shape == (64, 128)}
+  report = shardopt.describe_quantized_state(quantized, params)
+  stored = {l.path: l.stored for l in report.leaves if l.shape == (64, 128)}
   assert stored == {"[0].mu['w']": "float32", "[0].nu['w']": f"minifloat-zero-free-{bits}"}
+  assert [l.reason for l in report.kept if l.path == "[0].mu['w']"] == [
+      "kept in float: rotated into the eigenbasis and divided there by sqrt(nu),"
+      " its rounding grows where nu is small (SoapState.mu)"]
   from tests import catalogue
   entry = next(e for e in catalogue.ENTRIES if e.label == "contrib.soap")
   want = _moves(*_unsharded(tx), entry, params, _STEPS)
@@ -348,10 +357,13 @@ def test_acprop_keeps_its_centred_second_moment_in_float(bits):
   tx = catalogue.build(entry)
   quantized = shardopt.quantized_state(tx, bits)
   params = _host_params()
-  stored = {l.path: l.stored for l in shardopt.describe_quantized_state(
-      quantized, params).leaves}
+  report = shardopt.describe_quantized_state(quantized, params)
+  stored = {l.path: l.stored for l in report.leaves}
   assert stored[".mu['wi']"] == f"companded-signed-{bits}"
   assert stored[".nu['wi']"] == "float32"
+  assert [l.reason for l in report.kept if l.path == ".nu['wi']"] == [
+      "kept in float: a centred second moment the step divides by, below the"
+      " codes' range where a gradient matches its average (ScaleByBeliefState.nu)"]
   want = _moves(*_unsharded(tx), entry, params, _STEPS)
   got = _moves(*_unsharded(quantized), entry, params, _STEPS)
   for step, (g, w) in enumerate(zip(got, want)):

@@ -20,13 +20,17 @@ Every leaf below a declared field (the field holds a tree shaped like the
 params) is that kind of moment. A field may also declare the fewest bits
 that keep its optimizer's update accurate (``min_bits={"m": 8}``):
 ``quantized_state`` asked for fewer stores it at that width and reports
-so. A field holding another transformation's state may declare that its
-moments are not of the params' elements (``kept={"base_optimizer_state":
-why}``: GaLore's Adam moments of the projected gradient): nothing below it
-is a moment. optax's own state classes, for optax transformations passed to
-shardopt's wrappers, are declared in ``OPTAX_MOMENTS`` (their floors in
-``OPTAX_MIN_BITS``), keyed by the class's module and qualified name; a
-state class declared nowhere has no moments. The decision depends on the
+so. A field whose leaves must stay as they are declares why
+(``kept={"mu": why}``), and ``quantized_state`` reports that reason: a
+moment whose rounding its update amplifies (SOAP's ``mu``, centred
+RMSProp's ``mu`` and ``nu``), or a field holding another transformation's
+state whose moments are not of the params' elements (GaLore's Adam moments
+of the projected gradient); nothing below such a field is a moment.
+optax's own state classes, for optax transformations passed to shardopt's
+wrappers, are declared in ``OPTAX_MOMENTS`` (their floors in
+``OPTAX_MIN_BITS``, their kept fields in ``OPTAX_KEPT``), keyed by the
+class's module and qualified name; a state class declared nowhere has no
+moments. The decision depends on the
 state's classes and fields only, never on the names of the params (a param
 named ``v`` is not a second moment); a NamedTuple of a class the params'
 own tree uses is a container of params, never a state class.
@@ -41,11 +45,14 @@ import jax
 
 __all__ = [
     "NONNEGATIVE",
+    "CENTRED_RMS_KEPT",
+    "OPTAX_KEPT",
     "OPTAX_MIN_BITS",
     "OPTAX_MOMENTS",
     "SIGNED",
     "LeafKind",
     "declare_moments",
+    "declared_kept",
     "declared_min_bits",
     "declared_moments",
     "leaf_kinds",
@@ -60,9 +67,12 @@ _MIN_BITS: dict[type, Mapping[str, int]] = {}
 _KEPT: dict[type, Mapping[str, str]] = {}
 
 _ADAM = {"mu": SIGNED, "nu": NONNEGATIVE}
+# Why centred RMSProp's averages stay in float (transforms/rms.py).
+CENTRED_RMS_KEPT = ("kept in float: the update divides by sqrt(nu - mu**2), which "
+                   "separately rounded codes make negative")
 # optax 0.2.8's state classes: "module.QualifiedName" -> {field: kind}.
-# Centered RMS (ScaleByRStdDevState) is left out as shardopt's own is (its
-# update divides by sqrt(nu - mu**2): transforms/rms.py).
+# Centred RMSProp's classes declare no moment but keep both averages
+# (``OPTAX_KEPT``), as shardopt's own do.
 OPTAX_MOMENTS: Mapping[str, Mapping[str, str]] = {
     "optax._src.transform.ScaleByAdamState": _ADAM,
     "optax._src.transform.ScaleByAmsgradState": {**_ADAM, "nu_max": NONNEGATIVE},
@@ -107,6 +117,12 @@ OPTAX_MIN_BITS: Mapping[str, Mapping[str, int]] = {
     "optax._src.transform.ScaleByBeliefState": {"nu": 8},
     "optax.contrib._ademamix.ScaleBySimplifiedAdEMAMixState": {"m": 8, "n": 8},
 }
+# optax's classes' fields kept as they are, and why (``declare_moments``'s
+# ``kept``).
+OPTAX_KEPT: Mapping[str, Mapping[str, str]] = {
+    f"optax._src.transform.{name}": {"mu": CENTRED_RMS_KEPT, "nu": CENTRED_RMS_KEPT}
+    for name in ("ScaleByRStdDevState", "ScaleByRStdDevWithCountState")
+}
 
 
 def declare_moments(min_bits: Mapping[str, int] | None = None,
@@ -117,8 +133,10 @@ def declare_moments(min_bits: Mapping[str, int] | None = None,
   Args:
     min_bits: field -> the fewest bits (8) its quantized code may have,
       for a moment whose optimizer loses accuracy at 4 bits.
-    kept: field -> why: a field holding state whose moments are not of the
-      params' elements; no leaf below it is a moment.
+    kept: field -> why its leaves stay as they are (``quantized_state``
+      reports it): a moment its update cannot take rounded, or a field
+      holding state whose moments are not of the params' elements; no leaf
+      below it is a moment.
     **fields: field name -> ``SIGNED`` or ``NONNEGATIVE``.
 
   Returns:
@@ -164,6 +182,14 @@ def declared_min_bits(cls: type) -> Mapping[str, int]:
   return OPTAX_MIN_BITS.get(_optax_key(cls), {})
 
 
+def declared_kept(cls: type) -> Mapping[str, str]:
+  """The fields of a state class declared kept as they are (field -> why),
+  empty where it declares none (``declare_moments``, then ``OPTAX_KEPT``)."""
+  if cls in _DECLARED:
+    return _KEPT[cls]
+  return OPTAX_KEPT.get(_optax_key(cls), {})
+
+
 def _optax_key(cls: type) -> str:
   return f"{cls.__module__}.{cls.__qualname__}"
 
@@ -172,7 +198,7 @@ class LeafKind(NamedTuple):
   """What one state leaf is: its moment kind (None: not a moment), the
   state class and field it lies in (``"ScaleByAdamState.mu"``, or ``""``),
   the fewest bits its field declares (0: any) and, below a field declared
-  ``kept``, why it is no moment."""
+  ``kept``, why it is kept as it is."""
 
   kind: str | None
   field: str
@@ -208,7 +234,7 @@ def _walk(node, found: LeafKind, params_classes: set[type],
       and type(node) not in params_classes):
     declared = declared_moments(type(node)) or {}
     floors = declared_min_bits(type(node))
-    kept = _KEPT.get(type(node), {})
+    kept = declared_kept(type(node))
     for name, child in zip(node._fields, node):
       _walk(child, LeafKind(declared.get(name),
                             f"{type(node).__name__}.{name}",

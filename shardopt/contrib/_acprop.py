@@ -17,7 +17,8 @@ __all__ = ["acprop", "scale_by_acprop"]
 # its state is a subclass of that class with the same name and fields, so
 # ``isinstance``, the class name a checkpoint records and what
 # ``tree_utils.tree_get`` matches are AdaBelief's, as in optax. The subclass
-# declares only ``mu`` a moment: ``quantized_state`` keeps ``nu`` in float.
+# declares only ``mu`` a moment and ``nu`` kept: ``quantized_state`` keeps
+# ``nu`` in float and says why.
 # A centred second moment approaches 0 where a gradient matches its average,
 # and the next step's gradient is divided by its root. On the LM-shaped test
 # params some elements fell below the 8-bit code's smallest entry (2**-31 of
@@ -25,7 +26,9 @@ __all__ = ["acprop", "scale_by_acprop"]
 # median of 2.4: the updates moved 12.9% off float state's at 8 and 4 bits
 # with nu quantized, 1.5% / 2.4% with nu in float
 # (tests/test_quantized_state.py).
-@moments.declare_moments(mu=moments.SIGNED)
+@moments.declare_moments(mu=moments.SIGNED, kept={
+    "nu": "kept in float: a centred second moment the step divides by, below"
+          " the codes' range where a gradient matches its average"})
 class ScaleByBeliefState(adam_variants.ScaleByBeliefState):
   """AdaBelief's state as ACProp keeps it: step count, first moment ``mu``
   and the centred second moment ``nu`` (kept in float under

@@ -90,23 +90,27 @@ class ScaleByRmsWithCountState(NamedTuple):
   nu: base.Updates
 
 
+@moments.declare_moments(kept={"mu": moments.CENTRED_RMS_KEPT,
+                                "nu": moments.CENTRED_RMS_KEPT})
 class ScaleByRStdDevState(NamedTuple):
   """Moving averages of the updates (``mu``) and of their squares (``nu``).
 
-  No moments declared (``quantized_state`` keeps both in float): the update
-  divides by ``sqrt(nu - mu**2)``, a difference that separately rounded
-  codes make negative wherever the variance is small against ``nu``
-  (centered RMSProp quantized went non-finite at step 11 at 8 bits and
-  step 2 at 4: ``tests/test_quantized_state.py``).
+  Both declared kept (``quantized_state`` keeps them in float and says
+  why): the update divides by ``sqrt(nu - mu**2)``, a difference that
+  separately rounded codes make negative wherever the variance is small
+  against ``nu`` (centered RMSProp quantized went non-finite at step 11 at
+  8 bits and step 2 at 4: ``tests/test_quantized_state.py``).
   """
 
   mu: base.Updates
   nu: base.Updates
 
 
+@moments.declare_moments(kept={"mu": moments.CENTRED_RMS_KEPT,
+                                "nu": moments.CENTRED_RMS_KEPT})
 class ScaleByRStdDevWithCountState(NamedTuple):
-  """``ScaleByRStdDevState`` plus the step count (with bias correction); no
-  moments declared, as there."""
+  """``ScaleByRStdDevState`` plus the step count (with bias correction); both
+  averages declared kept, as there."""
 
   count: jax.Array  # int32 scalar
   mu: base.Updates
