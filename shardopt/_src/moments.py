@@ -30,10 +30,10 @@ optax's own state classes, for optax transformations passed to shardopt's
 wrappers, are declared in ``OPTAX_MOMENTS`` (their floors in
 ``OPTAX_MIN_BITS``, their kept fields in ``OPTAX_KEPT``), keyed by the
 class's module and qualified name; a state class declared nowhere has no
-moments. The decision depends on the
-state's classes and fields only, never on the names of the params (a param
-named ``v`` is not a second moment); a NamedTuple of a class the params'
-own tree uses is a container of params, never a state class.
+moments. The decision depends on the state's classes and fields only,
+never on the names of the params (a param named ``v`` is not a second
+moment); a NamedTuple of a class the params' own tree uses is a container
+of params, never a state class.
 """
 
 from collections.abc import Callable
@@ -44,8 +44,8 @@ from typing import NamedTuple
 import jax
 
 __all__ = [
-    "NONNEGATIVE",
     "CENTRED_RMS_KEPT",
+    "NONNEGATIVE",
     "OPTAX_KEPT",
     "OPTAX_MIN_BITS",
     "OPTAX_MOMENTS",

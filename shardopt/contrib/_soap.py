@@ -44,13 +44,12 @@ __all__ = ["SoapState", "scale_by_soap", "soap"]
 
 
 # Only nu is declared a moment, and mu kept: quantized_state keeps mu in
-# float and says why. mu is
-# rotated into the eigenbasis and divided there by sqrt(nu), which its
-# rounding, spread over each block's coordinates, does not survive where nu
-# is small: with mu quantized at 8 bits soap's update moved 7-35% off float
-# state's in 5 steps (soap(0.1) and soap(0.01), default and 16-wide blocks,
-# a (64, 128) param), with nu alone quantized 1.2-1.9% at 8 bits and 12-20%
-# at 4 (tests/test_quantized_state.py).
+# float and says why. mu is rotated into the eigenbasis and divided there by
+# sqrt(nu), which its rounding, spread over each block's coordinates, does
+# not survive where nu is small: with mu quantized at 8 bits soap's update
+# moved 7-35% off float state's in 5 steps (soap(0.1) and soap(0.01),
+# default and 16-wide blocks, a (64, 128) param), with nu alone quantized
+# 1.2-1.9% at 8 bits and 12-20% at 4 (tests/test_quantized_state.py).
 @moments.declare_moments(nu=moments.NONNEGATIVE, kept={
     "mu": "kept in float: rotated into the eigenbasis and divided there by"
           " sqrt(nu), its rounding grows where nu is small"})
