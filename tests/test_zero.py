@@ -128,3 +128,23 @@ def test_zero_halves_state_bytes_and_keeps_results(name, axis_types):
                       if "own layout" not in l.zero)
 
   assert_steps_match_unsharded(zero, tx, params, param_shardings)
+
+
+@pytest.mark.parametrize("block_size,param,blocks", [
+    (64, "one", "1 block"), (32, "three", "3 blocks")])
+def test_a_block_grid_zero_cannot_split_says_how_many_blocks(block_size, param, blocks):
+  """Shampoo's statistics of a (64, 32) param in blocks of 64, and of a
+  (96, 32) one in blocks of 32: 1 and 3 blocks along dimension 0, the one
+  ZeRO splits the params' other state on; neither count divides over
+  'data' (2), and the plan says so of each statistic and preconditioner."""
+  params = {"one": jax.ShapeDtypeStruct((64, 32), jnp.float32),
+            "three": jax.ShapeDtypeStruct((96, 32), jnp.float32)}
+  mesh = partitioning.make_mesh({"data": 2, "model": 4})
+  plan = shardopt.plan_state_shardings(
+      shardopt.contrib.shampoo(0.1, block_size=block_size), params,
+      partitioning.named_shardings(mesh, {"one": P(), "three": P()}),
+      shard_state_over="data", min_shard_bytes=0)
+  reasons = [l.zero for l in plan.zero_skipped if l.param == f"['{param}']"]
+  assert len(reasons) == 4  # 2 statistics and 2 preconditioners
+  assert set(reasons) == {f"not sharded: {blocks} along its param's ZeRO "
+                          "dimension 0, not divisible by 2"}

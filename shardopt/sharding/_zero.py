@@ -139,6 +139,7 @@ def leaf_zero(shape, dtype, spec, param_shape, zero: ParamZero | None,
   if spec[dim] is not None:
     return f"not sharded: dimension {dim} is already sharded ({spec})", None
   if shape[dim] % size:  # a block count
-    return (f"not sharded: {shape[dim]} blocks along its param's ZeRO "
-            f"dimension {zero.dim}, not divisible by {size}"), None
+    blocks = f"{shape[dim]} block" + ("" if shape[dim] == 1 else "s")
+    return (f"not sharded: {blocks} along its param's ZeRO dimension "
+            f"{zero.dim}, not divisible by {size}"), None
   return f"dim {dim}", dim
