@@ -148,3 +148,16 @@ def test_a_block_grid_zero_cannot_split_says_how_many_blocks(block_size, param, 
   assert len(reasons) == 4  # 2 statistics and 2 preconditioners
   assert set(reasons) == {f"not sharded: {blocks} along its param's ZeRO "
                           "dimension 0, not divisible by 2"}
+
+
+def test_the_warning_gives_each_leaf_zero_left_out_a_line_with_its_reason():
+  with pytest.warns(shardopt.ReplicatedStateWarning) as record:
+    plan = shardopt.plan_state_shardings(transforms()["adam"], abstract(), shardings(),
+                                         shard_state_over="data", min_shard_bytes=0)
+    plan.warn_zero_skipped()
+  lines = str(record[-1].message).splitlines()
+  assert lines[0] == ("shard_state_over='data' left these state leaves as they were"
+                      " (not sharded over it by ZeRO):")
+  assert lines[1:] == [f"  {l.path} {l.shape}: {l.zero.removeprefix('not sharded: ')}"
+                       for l in plan.zero_skipped]
+  assert len(lines) == 1 + 2 * len(SKIPPED)  # mu and nu of each

@@ -80,14 +80,15 @@ class StatePlan(NamedTuple):
     return sum(l.device_bytes for l in self.leaves)
 
   def warn_zero_skipped(self, stacklevel: int = 1) -> None:
-    """Warns, listing the mirrors ZeRO could not shard and why, if any
-    (not where the ZeRO axis has size 1: ``plan_state_shardings`` warned
-    about that once)."""
+    """Warns, listing the mirrors ZeRO could not shard and why, one line
+    per leaf, if any (not where the ZeRO axis has size 1:
+    ``plan_state_shardings`` warned about that once)."""
     if self.zero_skipped and not self.zero_splits_nothing:
       warnings.warn(
           f"shard_state_over={self.axis!r} left these state leaves as they were "
-          "(not sharded over it by ZeRO): " + "; ".join(f"{l.path} ({l.zero})"
-                                  for l in self.zero_skipped),
+          "(not sharded over it by ZeRO):\n" + "\n".join(
+              f"  {l.path} {l.shape}: {l.zero.removeprefix('not sharded: ')}"
+              for l in self.zero_skipped),
           ReplicatedStateWarning, stacklevel=stacklevel + 1)
 
   def __str__(self) -> str:
