@@ -233,7 +233,8 @@ def test_quantized_codes_of_another_meaning_are_refused(tmp_path, target_tx, mea
   target_state = target_opt.init.eval_shape(abstract)
   for moment, sign in (("mu", "signed"), ("nu", "non-negative")):
     line = next(l for l in message.splitlines() if f"opt_state.0.{moment}.w.codes:" in l)
-    saved_codes, target_codes = getattr(state[0], moment)["w"].codes, getattr(target_state[0], moment)["w"].codes
+    saved_codes = getattr(state[0], moment)["w"].codes
+    target_codes = getattr(target_state[0], moment)["w"].codes
     assert f"saved uint8{saved_codes.shape} (8-bit companded {sign} codes) vs target" in line, line
     assert line.endswith(f"target uint8{target_codes.shape} ({meaning.format(sign)} codes)"), line
 
