@@ -151,8 +151,11 @@ def test_bad_input_names_the_param():
   bad = dict(shardings, scale=P())
   with pytest.raises(TypeError, match=r"\['scale'\].*NamedSharding"):
     shardopt.state_shardings(tx, abstract_params(), bad)
-  with pytest.raises(ValueError, match="tree structure of params"):
+  with pytest.raises(ValueError, match=r"tree structure of params .*: params\['dense'\]\['bias'\] "
+                     r"has no sharding \(param_shardings lack \['dense'\]\['bias'\]\)"):
     shardopt.state_shardings(tx, abstract_params(), {"embedding": shardings["embedding"]})
+  with pytest.raises(ValueError, match=r"param_shardings\['extra'\] matches no param"):
+    shardopt.state_shardings(tx, abstract_params(), dict(shardings, extra=shardings["scale"]))
   with pytest.raises(ValueError, match="'fsdp' is not an axis"):
     shardopt.state_shardings(tx, abstract_params(), shardings,
                              shard_state_over="fsdp")

@@ -31,19 +31,21 @@ from shardopt.sharding._specs import entry_size
 from shardopt.sharding._specs import full_spec
 
 __all__ = ["check_grads", "check_inputs", "check_param_shardings", "check_placed",
-           "explained_rejection"]
+           "explained_rejection", "first_structure_difference"]
 
 
-def _first_structure_difference(grads, params) -> str:
-  """Names the first path that one tree has and the other does not."""
-  grad_paths = [keystr(p) for p, _ in tree_flatten_with_path(grads)[0]]
+def first_structure_difference(tree, params, name: str, per_param: str) -> str:
+  """Names the first path that ``params`` has and ``tree`` (called ``name``,
+  holding a ``per_param`` per param) lacks, or that ``tree`` has and the
+  params lack."""
+  paths = [keystr(p) for p, _ in tree_flatten_with_path(tree)[0]]
   param_paths = [keystr(p) for p, _ in tree_flatten_with_path(params)[0]]
   for path in param_paths:
-    if path not in grad_paths:
-      return f"params{path} has no gradient (grads lack {path})"
-  for path in grad_paths:
+    if path not in paths:
+      return f"params{path} has no {per_param} ({name} lack {path})"
+  for path in paths:
     if path not in param_paths:
-      return f"grads{path} matches no param"
+      return f"{name}{path} matches no param"
   return ("the paths agree but the container types differ (e.g. a tuple "
           "where the params have a list)")
 
@@ -54,8 +56,8 @@ def check_grads(grads, params) -> None:
   if jax.tree.structure(grads) != jax.tree.structure(params):
     raise ValueError(
         "grads do not have the tree structure of params: "
-        f"{_first_structure_difference(grads, params)}. Pass one gradient per "
-        "param, in a tree of the params' structure.")
+        f"{first_structure_difference(grads, params, 'grads', 'gradient')}. "
+        "Pass one gradient per param, in a tree of the params' structure.")
   flat = tree_flatten_with_path(params)[0]
   for (path, param), grad in zip(flat, jax.tree.leaves(grads)):
     where = keystr(path)

@@ -40,6 +40,7 @@ from shardopt._src.ownership import state_owners
 from shardopt._src.quantization import report as _quantized
 from shardopt._src.typed_layouts import eval_shape_typed
 from shardopt.sharding._boundary import check_param_shardings
+from shardopt.sharding._boundary import first_structure_difference
 from shardopt.sharding._plan import LeafPlan
 from shardopt.sharding._plan import ReplicatedStateWarning
 from shardopt.sharding._plan import StatePlan
@@ -215,8 +216,8 @@ def _param_specs(params, param_shardings) -> list[P]:
   if jax.tree.structure(param_shardings) != params_def:
     raise ValueError(
         "param_shardings must have the tree structure of params (one "
-        f"NamedSharding per param): got {jax.tree.structure(param_shardings)}"
-        f" for params {params_def}.")
+        "NamedSharding per param): "
+        f"{first_structure_difference(param_shardings, params, 'param_shardings', 'sharding')}.")
   return [_full_spec(s.spec, len(p.shape)) for p, s in
           zip(jax.tree.leaves(params), jax.tree.leaves(param_shardings))]
 
