@@ -209,6 +209,27 @@ def test_params_of_other_shapes_are_named():
     train_step(wide, state, jnp.zeros((8,)))
 
 
+@pytest.mark.parametrize("state_bits", [None, 8])
+@pytest.mark.parametrize("call", ["init", "init.eval_shape"])
+def test_init_of_params_of_other_shapes_is_refused_naming_the_param(call, state_bits):
+  """init traced a state of the other shapes (float state: no error; 8-bit:
+  jax's pytree error on its out_shardings); it now refuses them as update
+  does."""
+  mesh = partitioning.make_mesh({"data": 2, "model": 4})
+  shardings = partitioning.named_shardings(mesh, SPECS)
+  params = {"w": jnp.ones((64, 256)), "b": jnp.zeros((16,))}
+  opt = shardopt.make_sharded_optimizer(shardopt.adam(0.1, state_bits=state_bits), params,
+                                        shardings)
+  narrow = jax.device_put({"w": jnp.ones((64, 128)), "b": params["b"]}, shardings)
+  init = opt.init if call == "init" else opt.init.eval_shape
+  with pytest.raises(ValueError, match=re.escape(
+      "params['w'] has shape (64, 128); this optimizer was built for (64, 256)")):
+    init(narrow)
+  mu = init(jax.device_put(params, shardings))[0].mu["w"]
+  assert mu.shape == (64, 256)
+  assert isinstance(mu, shardopt.QuantizedArray) == (state_bits is not None)
+
+
 def test_inputs_placed_otherwise_are_named_with_the_fix():
   """jit refuses an array in another sharding or memory kind without naming
   it; the step names the tree, the leaf and both placements."""

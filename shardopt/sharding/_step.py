@@ -42,6 +42,7 @@ import jax
 from shardopt._src.base import GradientTransformationExtraArgs
 from shardopt._src.base import with_extra_args_support
 from shardopt.sharding._boundary import check_grads
+from shardopt.sharding._boundary import check_inputs
 from shardopt.sharding._boundary import explained_rejection
 from shardopt.sharding._derivation import plan_state_shardings
 from shardopt.sharding._layouts import mesh_of
@@ -72,18 +73,23 @@ __all__ = [
 @dataclasses.dataclass(frozen=True, eq=False)
 class ShardedInit:
   """``(params) -> state``, jitted (``jitted``), traced under the params'
-  mesh; params of another tree than ``param_shardings``' get an error naming
-  where. ``eval_shape`` gives the state as ``jax.ShapeDtypeStruct``s with
-  their shardings (a restore target; ``jax.eval_shape`` drops them)."""
+  mesh; params of another tree than ``param_shardings``', or of other shapes
+  than ``params_like``'s where given, get an error naming where (checked
+  before each call: ``jit`` would trace a state for the other shapes).
+  ``eval_shape`` gives the state as ``jax.ShapeDtypeStruct``s with their
+  shardings (a restore target; ``jax.eval_shape`` drops them)."""
 
   jitted: Any
   param_shardings: Any
+  params_like: Any = None  # the params' shapes (None: not checked)
 
   def __call__(self, params):
+    check_inputs(self.param_shardings, params, params_like=self.params_like)
     with explained_rejection(self.param_shardings, params):
       return self.jitted(params)
 
   def eval_shape(self, params):
+    check_inputs(self.param_shardings, params, params_like=self.params_like)
     with explained_rejection(self.param_shardings, params):
       return self.jitted.eval_shape(params)
 
@@ -92,19 +98,28 @@ class ShardedInit:
 
 
 def sharded_init(tx, param_shardings, state_shardings, *,
-                 update_shardings=None) -> ShardedInit:
+                 update_shardings=None, params=None) -> ShardedInit:
   """``tx.init`` jitted to read params in ``param_shardings`` and write the
   state straight into ``state_shardings``.
 
   ``init`` is traced on the params typed in ``update_shardings`` (default
   the params' own; pass ``plan.update_shardings`` of a ZeRO plan), so that
   state whose shape depends on its layout (``quantized_state``'s blocks)
-  comes out as the plan derived it.
+  comes out as the plan derived it. ``params`` (arrays or
+  ``jax.ShapeDtypeStruct``s), where given: a call with params of other
+  shapes gets an error naming the first.
   """
   layout = param_shardings if update_shardings is None else update_shardings
   return ShardedInit(jax.jit(under_mesh(typed(tx.init, layout), mesh_of(layout)),
                              in_shardings=(param_shardings,),
-                             out_shardings=state_shardings), param_shardings)
+                             out_shardings=state_shardings), param_shardings,
+                     _shapes_of(params))
+
+
+def _shapes_of(params):
+  """``params`` as ``jax.ShapeDtypeStruct``s (None: None)."""
+  return None if params is None else jax.tree.map(
+      lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype), params)
 
 
 def with_update_layout(tx, param_shardings, update_shardings=None
@@ -191,8 +206,7 @@ def sharded_update(tx, param_shardings, state_shardings, *,
   shapes gets an error naming the first.
   """
   layout = param_shardings if update_shardings is None else update_shardings
-  params_like = None if params is None else jax.tree.map(
-      lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype), params)
+  params_like = _shapes_of(params)
 
   def step(params, grads, state, arrays, callables):
     check_grads(grads, params)  # while tracing: once per signature
@@ -277,7 +291,7 @@ def make_sharded_optimizer(tx, params, param_shardings, *,
   return ShardedOptimizer(
       state_shardings, plan,
       sharded_init(tx, param_shardings, state_shardings,
-                   update_shardings=plan.update_shardings),
+                   update_shardings=plan.update_shardings, params=params),
       sharded_update(tx, param_shardings, state_shardings, donate=donate,
                      update_shardings=plan.update_shardings, params=params),
       param_shardings, tx, donate)
