@@ -24,6 +24,7 @@ none is left behind. A usage error is one ``error: ...`` line on stderr, exit 2.
 import argparse
 import contextlib
 import ctypes
+import importlib.util
 import os
 import queue
 import signal
@@ -181,9 +182,10 @@ def _parser() -> argparse.ArgumentParser:
       description="Run python -m launch.train (or --module) as N local processes"
       " joined by jax.distributed. Arguments after -- go to every process.",
       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-  p.add_argument("--processes", type=int, default=2)
+  p.add_argument("--processes", type=int, default=2, help="processes to start")
   p.add_argument("--devices", type=int, default=4, help="simulated CPU devices per process")
-  p.add_argument("--module", default="launch.train")
+  p.add_argument("--module", default="launch.train",
+                 help="the module every process runs (python -m MODULE)")
   p.add_argument("--port", type=int, default=0, help="coordinator port; 0 picks a free one")
   p.add_argument("--timeout", type=float, default=900, help="seconds for the whole job")
   p.add_argument("--grace", type=float, default=10,
@@ -264,6 +266,21 @@ def process_commands(args: argparse.Namespace, port: int) -> list[list[str]]:
           for i in range(args.processes)]
 
 
+def _unrunnable(module: str) -> str | None:
+  """Why ``python -m module`` cannot start, or None: the module (a package's ``__main__``)
+  looked up as ``-m`` looks it up, its parent packages imported."""
+  try:
+    spec = importlib.util.find_spec(module)
+    if spec is None:
+      return f"no module named {module!r}"
+    if spec.submodule_search_locations is not None and not importlib.util.find_spec(
+        f"{module}.__main__"):
+      return f"{module!r} is a package with no __main__ module"
+  except (ImportError, ValueError) as e:  # a parent package missing or failing; an empty name
+    return f"{type(e).__name__}: {e}"
+  return None
+
+
 def check_args(args: argparse.Namespace) -> None:
   """Raises UsageError naming the first launcher flag whose value cannot work."""
   for flag, value, low in (("--processes", args.processes, 1), ("--devices", args.devices, 1),
@@ -276,6 +293,9 @@ def check_args(args: argparse.Namespace) -> None:
   for flag, value in (("--timeout", args.timeout), ("--grace", args.grace)):
     if not value > 0:
       raise cli.UsageError(f"{flag} {value}: must be a number of seconds > 0")
+  why = _unrunnable(args.module)
+  if why:
+    raise cli.UsageError(f"--module {args.module}: python -m cannot run it ({why})")
 
 
 def main(argv=None) -> int:

@@ -407,9 +407,16 @@ def test_launcher_with_no_processes(tmp_path, processes):
     (["--steps", "5"], ["unrecognized arguments: --steps",
                         "(see python -m launch.local_multihost --help)"]),
     (["--port", "70000"], ["--port 70000: must be at most 65535"]),
-], ids=["processes_not_a_number", "a_job_flag_before_the_dashes", "port_out_of_range"])
+    (["--module", "nosuch.train"], ["--module nosuch.train: python -m cannot run it"
+                                    " (ModuleNotFoundError: No module named 'nosuch')"]),
+    (["--module", "launch"], ["--module launch: python -m cannot run it ('launch' is a package"
+                              " with no __main__ module)"]),
+], ids=["processes_not_a_number", "a_job_flag_before_the_dashes", "port_out_of_range",
+        "no_such_module", "a_package_without_main"])
 def test_launcher_usage_error_is_one_line(tmp_path, args, culprits):
-  """argparse printed the launcher's usage text (7 lines); --port 70000 was accepted."""
+  """argparse printed the launcher's usage text (7 lines); --port 70000 was accepted; a
+  --module python -m cannot run started every process, each printing python's error, and the
+  launcher exited 1."""
   work = tmp_path / "work"
   work.mkdir()
   result = job(tmp_path, *args, "--", *h.TINY, module="launch.local_multihost", cwd=work)
