@@ -40,8 +40,8 @@ class Decision(NamedTuple):
 
 
 def _block_sizes(most: int, least: int) -> list[int]:
-  """The block sizes a moment may get, largest first: ``most`` halved
-  (rounding down) while at least ``least``."""
+  """The block sizes a moment may get, largest first: ``most`` (a power of
+  two) halved while at least ``least``."""
   sizes = []
   while most >= least:
     sizes.append(most)
