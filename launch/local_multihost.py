@@ -276,7 +276,7 @@ def _unrunnable(module: str) -> str | None:
     if spec.submodule_search_locations is not None and not importlib.util.find_spec(
         f"{module}.__main__"):
       return f"{module!r} is a package with no __main__ module"
-  except (ImportError, ValueError) as e:  # a parent package missing or failing; an empty name
+  except Exception as e:  # noqa: BLE001  (a parent package missing or failing to import)
     return f"{type(e).__name__}: {e}"
   return None
 
