@@ -49,10 +49,10 @@ def _block_sizes(most: int, least: int) -> list[int]:
   return sizes
 
 
-def _largest_tile(shape, most: int, least: int, fit):
-  """The tile of the largest of ``_block_sizes(most, least)`` elements
-  whose lengths divide ``fit``; None if there is none."""
-  tiles = (blocks.choose_tile(shape, size, fit) for size in _block_sizes(most, least))
+def _largest_tile(shape, sizes: list[int], fit):
+  """The tile of the first of ``sizes`` (largest first) whose lengths
+  divide ``fit``; None if there is none."""
+  tiles = (blocks.choose_tile(shape, size, fit) for size in sizes)
   return next((tile for tile in tiles if tile is not None), None)
 
 
@@ -75,17 +75,17 @@ def _tile(leaf, block_size: int,
   ``block_size`` is; else the largest, down to ``_SMALLEST_BLOCK``, inside
   this mesh's shard."""
   if block_layout == "portable":
-    portable = _largest_tile(leaf.shape, block_size, max(block_size // 2, 1),
+    portable = _largest_tile(leaf.shape, _block_sizes(block_size, max(block_size // 2, 1)),
                              typed_layouts.finest_shard_shape(leaf))
     if portable is not None:
       return portable, ""
   fit = typed_layouts.shard_shape(leaf)
   smallest = min(_SMALLEST_BLOCK, block_size)
-  tile = _largest_tile(leaf.shape, block_size, smallest, fit)
+  sizes = _block_sizes(block_size, smallest)
+  tile = _largest_tile(leaf.shape, sizes, fit)
   if tile is not None:
     return tile, ""
-  return None, (f"no tile of {_words(_block_sizes(block_size, smallest))} "
-                f"elements divides its shard {fit}")
+  return None, f"no tile of {_words(sizes)} elements divides its shard {fit}"
 
 
 def moment_code(kind: moments.LeafKind, bits: int) -> tuple[bool, int]:
