@@ -13,7 +13,9 @@ on the launcher's stdout, their stderr on its stderr.
 Failure handling: when a process exits non-zero (or is killed), the others get
 SIGTERM and, after ``--grace`` seconds, SIGKILL (a process stuck in a
 collective ignores SIGTERM); the launcher then exits with the code of the
-first process to end so (128 + signal for a killed one). After ``--timeout``
+first process to fail (128 + signal for a killed one): the job reports its code
+before it exits (``launch/exit_report.py``), so a process whose collective failed
+because another exited is not taken for the cause, though it may exit first. After ``--timeout``
 seconds everything is stopped the same way and the exit code is 124. SIGTERM,
 SIGINT (Ctrl-C) or SIGHUP to the launcher is forwarded to every process as
 SIGTERM: the job saves a checkpoint and exits 0. On Linux each process gets
@@ -35,6 +37,7 @@ import threading
 import time
 
 from launch import cli
+from launch import exit_report
 from launch import flags
 from launch import folder_checks
 from launch import run_claim
@@ -104,19 +107,26 @@ def _killed_with_launcher():
   return set_signal
 
 
-def _start(commands: list[list[str]]) -> list[subprocess.Popen]:
+def _start(commands: list[list[str]], report_fd: int) -> list[subprocess.Popen]:
   # stdout and stderr on pipes of their own, each read by whole lines: C++
   # logging (gloo, XLA) on a shared pipe could split a line of the job's output.
+  env = {**os.environ, exit_report.ENV: str(report_fd)}
   return [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           start_new_session=True, preexec_fn=_killed_with_launcher())
+                           env=env, pass_fds=(report_fd,), start_new_session=True,
+                           preexec_fn=_killed_with_launcher())
           for cmd in commands]
 
 
-def _threads(procs, out, err, ended: queue.Queue) -> list[threading.Thread]:
-  """Started threads: a pump per output stream, and a waiter per process that puts (its
-  index, its return code) in ``ended`` when it exits, so ``ended`` holds them in exit order."""
+def _threads(procs, out, err, reports: int, ended: queue.Queue) -> list[threading.Thread]:
+  """Started threads: a pump per output stream, a reader of the exit codes the processes
+  report on the pipe ``reports`` before they exit, and a waiter per process; each puts (a
+  process's index, its code) in ``ended``: a process's report comes before its exit, and
+  before every failure its exit causes."""
   threads = [threading.Thread(target=_pump, args=(i, stream, to), daemon=True)
              for i, p in enumerate(procs) for stream, to in ((p.stdout, out), (p.stderr, err))]
+  index_of_pid = {p.pid: i for i, p in enumerate(procs)}
+  threads.append(threading.Thread(target=exit_report.read,
+                                  args=(reports, index_of_pid, ended.put), daemon=True))
   threads += [threading.Thread(target=lambda i=i, p=p: ended.put((i, p.wait())), daemon=True)
               for i, p in enumerate(procs)]
   for t in threads:
@@ -125,8 +135,9 @@ def _threads(procs, out, err, ended: queue.Queue) -> list[threading.Thread]:
 
 
 def _watch(procs, ended: queue.Queue, interrupted: list, timeout: float, out) -> int:
-  """Waits for the job's outcome: 0 once every process exited 0, the code of the first to exit
-  otherwise, 124 after ``timeout`` s; forwards the signals in ``interrupted`` as SIGTERM."""
+  """Waits for the job's outcome: 0 once every process exited 0, the code of the first to fail
+  otherwise (by its report, else by its exit), 124 after ``timeout`` s; forwards the signals
+  in ``interrupted`` as SIGTERM."""
   deadline, exited = time.monotonic() + timeout, 0
   while True:
     if interrupted:
@@ -155,8 +166,13 @@ def run_processes(commands: list[list[str]], *, timeout: float, grace: float,
                   out=sys.stdout, err=sys.stderr) -> int:
   """Runs the commands concurrently, prefixing their stdout on ``out``, their stderr on
   ``err``; returns the job's exit code."""
-  procs, ended, interrupted = _start(commands), queue.Queue(), []
-  threads = _threads(procs, out, err, ended)
+  reports, report_fd = os.pipe()
+  try:
+    procs = _start(commands, report_fd)
+  finally:
+    os.close(report_fd)  # the processes hold it: the reader sees the end once all have exited
+  ended, interrupted = queue.Queue(), []
+  threads = _threads(procs, out, err, reports, ended)
   forward = lambda signum, frame: interrupted.append(signum)
   previous = {s: signal.signal(s, forward) for s in _FORWARDED}
   try:

@@ -12,6 +12,7 @@ import threading
 import jax
 
 from launch import cli
+from launch import exit_report
 
 __all__ = ["init_distributed", "say"]
 
@@ -52,6 +53,7 @@ def _ended_unless_joined(args: argparse.Namespace):
 
 def _not_joined(args: argparse.Namespace) -> None:
   print(f"error: {_join_failure(args)}", file=sys.stderr, flush=True)
+  exit_report.send(cli.EXIT_ERROR)
   os._exit(cli.EXIT_ERROR)
 
 

@@ -14,6 +14,8 @@ handler in place of this one: launch/processes.py turns it off before joining.
 import os
 import signal
 
+from launch import exit_report
+
 __all__ = ["StopRequest"]
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -57,6 +59,7 @@ class StopRequest:
     left = "; ".join(note for note in notes if note) or _LEFT_UNFINISHED
     os.write(2, (f"error: stopped at once by a second signal ({signal.Signals(signum).name}) after"
                  f" {signal.Signals(self.signum).name}: {left}\n").encode())
+    exit_report.send(128 + signum)
     os._exit(128 + signum)
 
   def agreed(self) -> bool:

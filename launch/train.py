@@ -16,6 +16,7 @@ import traceback
 
 from launch import arg_checks
 from launch import cli
+from launch import exit_report
 from launch import flags
 from launch import folder_checks
 from launch import run_config
@@ -98,12 +99,15 @@ def main(argv=None) -> int:
 def _leave(code: int) -> None:
   """Ends the process with ``code``. A process of a multi-process job that failed ends at once
   (os._exit): at a normal exit jax waits in a shutdown barrier for every process, up to 300 s,
-  while the others may wait for this one in a collective; theirs fails when it is gone."""
+  while the others may wait for this one in a collective; theirs fails when it is gone. The
+  code is reported to the launcher first (``exit_report``), as that failure comes after it;
+  the output is flushed before, as the launcher then stops every process."""
+  sys.stdout.flush()
+  sys.stderr.flush()
+  exit_report.send(code)
   if code != EXIT_DONE and "jax" in sys.modules:  # else no process was joined
     import jax  # pylint: disable=import-outside-toplevel
     if jax.distributed.is_initialized():
-      sys.stdout.flush()
-      sys.stderr.flush()
       os._exit(code)
   sys.exit(code)
 

@@ -470,6 +470,39 @@ def test_launcher_passes_the_processes_stderr_to_its_stderr(tmp_path):
   assert list(work.iterdir()) == []
 
 
+def test_the_launcher_names_the_process_that_failed_first_though_another_exits_first(tmp_path):
+  """A process whose collective fails because another exited can be reaped before it: the
+  launcher took the first exit for the cause (CI: exit 1, process 1's "Connection closed by
+  peer", where process 0 had failed writing with 4). Here process 0 reports 4, then lets
+  process 1 exit 1 at once and exits itself 2 s later: the launcher exits 4 naming process 0."""
+  from launch import local_multihost
+  failed = tmp_path / "process-0-failed"
+  first = ("import os, time; from launch import exit_report; exit_report.send(4);"
+           f" open({str(failed)!r}, 'w').close(); time.sleep(2); os._exit(4)")
+  second = f"import os, time\nwhile not os.path.exists({str(failed)!r}): time.sleep(0.01)\nos._exit(1)"
+  out, err = tmp_path / "out", tmp_path / "err"
+  with open(out, "w") as out_file, open(err, "w") as err_file:
+    code = local_multihost.run_processes([[sys.executable, "-c", first],
+                                          [sys.executable, "-c", second]],
+                                         timeout=60, grace=5, out=out_file, err=err_file)
+  assert code == 4, (code, out.read_text(), err.read_text())
+  assert out.read_text() == "[launcher] process 0 exited with 4: stopping the others\n"
+
+
+def test_the_job_reports_its_exit_code_before_it_exits(tmp_path):
+  """What the launcher reads (exit_report.ENV): the job's pid and code, one line."""
+  from launch import exit_report
+  reports, report_fd = os.pipe()
+  env = {**h.child_env(), exit_report.ENV: str(report_fd)}
+  proc = subprocess.Popen([sys.executable, "-m", "launch.train", "--lr", "-1"], cwd=tmp_path,
+                          env=env, pass_fds=(report_fd,), stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+  os.close(report_fd)
+  with os.fdopen(reports) as lines:
+    assert lines.read() == f"{proc.pid} {cli.EXIT_USAGE}\n"
+  assert proc.wait(timeout=60) == cli.EXIT_USAGE
+
+
 @pytest.mark.parametrize("process_id", ["0", "1"])
 def test_a_peer_that_never_joins(tmp_path, process_id):
   """Process 0 alone, or process 1 with no process 0: jax aborted after --init-timeout with a
