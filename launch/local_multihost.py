@@ -169,6 +169,9 @@ def run_processes(commands: list[list[str]], *, timeout: float, grace: float,
   reports, report_fd = os.pipe()
   try:
     procs = _start(commands, report_fd)
+  except BaseException:
+    os.close(reports)
+    raise
   finally:
     os.close(report_fd)  # the processes hold it: the reader sees the end once all have exited
   ended, interrupted = queue.Queue(), []
