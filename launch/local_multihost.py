@@ -10,12 +10,13 @@ are the launcher's, refused after ``--`` (``SET_BY_LAUNCHER``).
 Every output line is prefixed with its process index: the processes' stdout
 on the launcher's stdout, their stderr on its stderr.
 
-Failure handling: when a process exits non-zero (or is killed), the others get
-SIGTERM and, after ``--grace`` seconds, SIGKILL (a process stuck in a
-collective ignores SIGTERM); the launcher then exits with the code of the
-first process to fail (128 + signal for a killed one): the job reports its code
-before it exits (``launch/exit_report.py``), so a process whose collective failed
-because another exited is not taken for the cause, though it may exit first. After ``--timeout``
+Failure handling: when a process fails (or is killed), the others get SIGTERM
+and, after ``--grace`` seconds, SIGKILL (a process stuck in a collective ignores
+SIGTERM); the launcher then exits with the code of the first process to fail
+(128 + signal for a killed one). The job reports its code before it exits
+(``launch/exit_report.py``), so a process whose collective failed because
+another exited is not taken for the cause, though it may exit first; a module
+that reports nothing is judged by its exits. After ``--timeout``
 seconds everything is stopped the same way and the exit code is 124. SIGTERM,
 SIGINT (Ctrl-C) or SIGHUP to the launcher is forwarded to every process as
 SIGTERM: the job saves a checkpoint and exits 0. On Linux each process gets
