@@ -46,6 +46,7 @@ from shardopt.sharding._plan import ReplicatedStateWarning
 from shardopt.sharding._plan import StatePlan
 from shardopt.sharding._specs import device_bytes as _device_bytes
 from shardopt.sharding._specs import full_spec as _full_spec
+from shardopt.sharding._specs import spec_axes
 from shardopt.sharding._under_sharded import lost_parts
 from shardopt.sharding._under_sharded import under_sharded_message
 from shardopt.sharding._zero import DEFAULT_MIN_SHARD_BYTES
@@ -253,7 +254,7 @@ def _plan_leaf(path, leaf, param, zero, param_path, mesh, axis,
   spec = _full_spec(leaf.sharding.spec if leaf.sharding is not None else P(),
                     len(leaf.shape))
   mirrors = param is not None and tuple(leaf.shape) == tuple(param.shape)
-  outcome = ""
+  outcome, split = "", False
   if axis is not None:
     outcome, dim = leaf_zero(
         leaf.shape, leaf.dtype, spec, None if param is None else param.shape,
@@ -262,5 +263,6 @@ def _plan_leaf(path, leaf, param, zero, param_path, mesh, axis,
       entries = list(spec)
       entries[dim] = axis
       spec = P(*entries)
+    split = mesh.shape[axis] > 1 and axis in spec_axes(tuple(spec))
   return LeafPlan(path, tuple(leaf.shape), leaf.dtype, spec, param_path,
-                  mirrors, outcome, _device_bytes(leaf, spec, mesh))
+                  mirrors, outcome, _device_bytes(leaf, spec, mesh), split)

@@ -36,6 +36,7 @@ class LeafPlan(NamedTuple):
   mirrors: bool  # derives from ``param`` and has its shape
   zero: str  # ZeRO outcome: "dim k", a reason it was not sharded, or ""
   device_bytes: int  # bytes of this leaf resident on each device
+  zero_split: bool = False  # split over the ZeRO axis (of more than one device)
 
 
 class StatePlan(NamedTuple):
@@ -63,15 +64,14 @@ class StatePlan(NamedTuple):
   @property
   def zero_sharded(self) -> tuple[LeafPlan, ...]:
     """Leaves that ZeRO sharded over ``axis``."""
-    return tuple(l for l in self.leaves if l.zero.startswith("dim "))
+    return tuple(l for l in self.leaves if l.zero_split)
 
   @property
   def zero_skipped(self) -> tuple[LeafPlan, ...]:
     """Leaves of at least ``min_shard_bytes`` (scalars aside) that ZeRO did
     not shard over ``axis``; ``zero`` says why."""
     return tuple(
-        l for l in self.leaves if self.axis and l.shape
-        and not l.zero.startswith("dim ")
+        l for l in self.leaves if self.axis and l.shape and not l.zero_split
         and _nbytes(l) >= self.min_shard_bytes)
 
   @property
