@@ -111,7 +111,7 @@ def _killed_with_launcher():
 def _start(commands: list[list[str]], report_fd: int) -> list[subprocess.Popen]:
   # stdout and stderr on pipes of their own, each read by whole lines: C++
   # logging (gloo, XLA) on a shared pipe could split a line of the job's output.
-  env = {**os.environ, exit_report.ENV: str(report_fd)}
+  env = {**os.environ, exit_report.ENV: exit_report.variable(report_fd)}
   return [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            env=env, pass_fds=(report_fd,), start_new_session=True,
                            preexec_fn=_killed_with_launcher())

@@ -493,7 +493,7 @@ def test_the_job_reports_its_exit_code_before_it_exits(tmp_path):
   """What the launcher reads (exit_report.ENV): the job's pid and code, one line."""
   from launch import exit_report
   reports, report_fd = os.pipe()
-  env = {**h.child_env(), exit_report.ENV: str(report_fd)}
+  env = {**h.child_env(), exit_report.ENV: exit_report.variable(report_fd)}
   proc = subprocess.Popen([sys.executable, "-m", "launch.train", "--lr", "-1"], cwd=tmp_path,
                           env=env, pass_fds=(report_fd,), stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL)
@@ -501,6 +501,41 @@ def test_the_job_reports_its_exit_code_before_it_exits(tmp_path):
   with os.fdopen(reports) as lines:
     assert lines.read() == f"{proc.pid} {cli.EXIT_USAGE}\n"
   assert proc.wait(timeout=60) == cli.EXIT_USAGE
+
+
+def test_a_report_goes_only_to_the_launchers_pipe(tmp_path, monkeypatch):
+  """A job's own children inherit the variable but not the descriptor: there its number may be
+  another file or pipe of theirs, which must not get the line."""
+  from launch import exit_report
+  slot = 200  # the descriptor's number in the variable
+  reports, write_end = os.pipe()
+  os.dup2(write_end, slot)
+  os.close(write_end)
+  monkeypatch.setenv(exit_report.ENV, exit_report.variable(slot))
+  other_reports, other_write_end = os.pipe()
+  try:
+    with open(tmp_path / "data", "wb") as data:
+      os.dup2(data.fileno(), slot)  # a file where the launcher's pipe was
+      exit_report.send(2)
+    os.dup2(other_write_end, slot)  # another pipe there
+    exit_report.send(2)
+  finally:
+    os.close(slot)
+    os.close(other_write_end)
+  assert (tmp_path / "data").read_bytes() == b""
+  with os.fdopen(other_reports) as other, os.fdopen(reports) as ours:
+    assert other.read() == ""
+    assert ours.read() == ""
+
+
+def test_the_launcher_passes_over_lines_not_of_a_report(tmp_path):
+  from launch import exit_report
+  reports, write_end = os.pipe()
+  os.write(write_end, b"hello\n12 x\n99 3\n\xff\xfe\n12 4 5\n12 4\n")
+  os.close(write_end)
+  got = []
+  exit_report.read(reports, {12: 1}, got.append)
+  assert got == [(1, 4)]
 
 
 @pytest.mark.parametrize("process_id", ["0", "1"])
