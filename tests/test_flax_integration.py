@@ -77,3 +77,39 @@ def test_nnx_optimizer_with_per_param_state_trees(make_tx, adapt):
   want, _ = nnx_training.on_pure_arrays(make_tx(), steps=6)
   np.testing.assert_allclose(got, want, rtol=1e-6)
   assert got[-1] < got[0]
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_nnx_optimizer_given_quantized_state_plainly_on_auto_axes(bits):
+  """A model sharded with ``nnx.with_partitioning`` under a mesh of Auto axes,
+  ``nnx.Optimizer`` given ``adamw(..., state_bits=...)`` plainly: ``init``
+  runs on the placed arrays and fits the blocks to their shards (it fitted
+  them to the whole kernel, whose (32, 1) or (64, 1) scales flax laid out as the
+  kernel, split 4 ways: an IndivisibleError). 4 steps: the losses of
+  ``checkpoints.nnx_tx(tx)``, which traces ``init`` on the arrays."""
+  from flax import nnx
+  mesh = jax.make_mesh((2, 4), ("data", "model"),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  x = jax.random.normal(jax.random.PRNGKey(1), (16, 64))
+  y = jax.random.normal(jax.random.PRNGKey(2), (16, 128))
+
+  def losses(adapt):
+    with jax.sharding.set_mesh(mesh):
+      model = nnx.Linear(64, 128, rngs=nnx.Rngs(0), kernel_init=nnx.with_partitioning(
+          nnx.initializers.lecun_normal(), (None, "model")))
+      optimizer = nnx.Optimizer(model, adapt(shardopt.adamw(1e-2, state_bits=bits)),
+                                wrt=nnx.Param)
+
+      @nnx.jit
+      def step(model, optimizer):
+        loss, grads = nnx.value_and_grad(lambda m: jnp.mean((m(x) - y) ** 2))(model)
+        optimizer.update(model, grads)
+        return loss
+
+      got = [float(step(model, optimizer)) for _ in range(4)]
+      assert model.kernel[...].sharding.spec == jax.P(None, "model")
+      return got
+
+  plain = losses(lambda tx: tx)
+  np.testing.assert_allclose(plain, losses(checkpoints.nnx_tx), rtol=1e-6)
+  assert plain[-1] < plain[0]

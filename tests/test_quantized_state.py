@@ -694,6 +694,35 @@ def test_a_state_fitted_without_the_layout_is_named(bits):
     opt.update(grads, state, params)
 
 
+@pytest.mark.parametrize("kind", ["auto", "explicit"])
+@pytest.mark.parametrize("bits", [8, 4])
+def test_init_of_placed_params_fits_the_blocks_to_their_shards(kind, bits):
+  """``tx.init`` of arrays placed on the mesh (as ``nnx.Optimizer`` runs it)
+  reads their shardings, on Auto axes too: the state has the blocks of the
+  sharded step's (``state_shardings`` describes it), and its update on
+  those arrays adds no collective. On Auto axes it fitted blocks to the
+  whole array: at 8 bits the query kernel's scales were (16, 1, 1), whose
+  dimension 1 'model' cannot split 4 ways."""
+  mesh = _mesh(kind=kind)
+  tx = shardopt.quantized_state(shardopt.adamw(1e-2), bits)
+  params = _params(mesh)
+  state = tx.init(params)
+  fitted = _sharded(tx, mesh, zero=False).init.eval_shape(params)
+  assert ([x.shape for x in jax.tree.leaves(state)]
+          == [x.shape for x in jax.tree.leaves(fitted)])
+  placed = jax.device_put(state, shardopt.state_shardings(
+      tx, _host_params(), _shardings(mesh)))
+  def update_collectives(tx, state):
+    step = jax.jit(lambda g, s, p: tx.update(g, s, p))
+    with jax.sharding.set_mesh(mesh):
+      return _collectives(step.lower(_grads(params, 0), state, params)
+                          .compile().as_text())
+  float_tx = shardopt.adamw(1e-2)
+  baseline = update_collectives(float_tx, float_tx.init(params))
+  quantized = update_collectives(tx, placed)
+  assert all(quantized[k] <= baseline[k] for k in quantized), (quantized, baseline)
+
+
 # --- checkpoints --------------------------------------------------------------
 
 def _trained_state(mesh, bits):

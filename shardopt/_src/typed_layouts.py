@@ -64,11 +64,19 @@ def eval_shape_with_shardings(fn, *args):
 
 
 def _typed_sharding(x) -> NamedSharding | None:
-  """The ``NamedSharding`` that types ``x`` on a mesh with axes, else None."""
-  sharding = getattr(jax.typeof(x), "sharding", None)
+  """The ``NamedSharding`` that lays out ``x`` on a mesh with axes: its type
+  where ``x`` is traced, its own sharding where ``x`` is an array (on Auto
+  axes too: eager code, ``nnx.Optimizer``'s ``init``); else None."""
+  sharding = (x.sharding if _is_array(x) else
+              getattr(jax.typeof(x), "sharding", None))
   if not isinstance(sharding, NamedSharding) or not sharding.mesh.axis_names:
     return None
   return sharding
+
+
+def _is_array(x) -> bool:
+  """Whether ``x`` is a concrete ``jax.Array`` (not a tracer)."""
+  return isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
 
 
 def shard_shape(x) -> tuple[int, ...]:

@@ -59,7 +59,17 @@ __all__ = ["plan_state_shardings", "state_shardings"]
 
 def state_shardings(tx, params, param_shardings, *, shard_state_over=None,
                     min_shard_bytes: int = DEFAULT_MIN_SHARD_BYTES):
-  """The ``NamedSharding`` of every leaf of ``tx.init(params)``.
+  """The ``NamedSharding`` of every leaf of ``tx.init(params)``, the params
+  laid out in ``param_shardings`` (ZeRO's axis added).
+
+  That state is what ``make_sharded_optimizer``'s ``init``,
+  ``sharded_init`` and ``sharding.with_update_layout(tx, ...).init`` build,
+  and ``tx.init`` itself where it sees the layout: on arrays placed in
+  ``param_shardings`` or traced on Explicit axes (without ZeRO). Traced in
+  a plain ``jit`` on Auto axes, ``init`` cannot see it, and 8- and 4-bit
+  moments get blocks fitted to the whole array, whose scales these
+  shardings may not fit: trace ``with_update_layout(tx, param_shardings)``'s
+  ``init`` there (``checkpoints.create_train_state`` does).
 
   Args:
     tx: any transformation with an ``init`` (shardopt's or optax's).

@@ -167,11 +167,13 @@ def quantized_state(
   base optimizer's, of the projected gradient): they stay in float at any
   rank, with that reason.
 
-  Blocks and shards. When ``init`` is traced with the params typed by their
-  layout (``shardopt.make_sharded_optimizer``, ``shardopt.state_shardings``
-  and ``shardopt.sharded_init`` do so, ZeRO included; so does any ``init``
-  on a mesh with Explicit axes), each tile lies inside one device's shard of
-  its moment, so the step needs no communication float state would not.
+  Blocks and shards. When ``init`` sees the params' layout (traced with
+  the params typed by it: ``shardopt.make_sharded_optimizer``,
+  ``shardopt.state_shardings`` and ``shardopt.sharded_init`` do so, ZeRO
+  included, and so does any ``init`` on a mesh with Explicit axes; or run
+  on arrays placed on the mesh, as ``nnx.Optimizer`` runs it), each tile
+  lies inside one device's shard of its moment, so the step needs no
+  communication float state would not.
   ``block_layout="portable"`` (the default): where a tile of at least half
   ``block_size`` elements fits the moment's shard on every mesh of as many
   devices that splits the same dimensions, it is the largest such tile, the
@@ -181,7 +183,7 @@ def quantized_state(
   of two down to 32 that does (a moment where none fits stays in float).
   Fitted tiles run longer along the last dimension where a mesh splits it
   less than the finest would: on CPU the update is faster
-  (``benchmarks/results/block_layouts.md``). Traced without layout (plain
+  (``benchmarks/results/block_layouts.md``). Without the layout (traced in a plain
   ``jit`` on an Auto mesh, or unsharded) tiles come from the global shape.
   ``update`` keeps the tiles the state has; ``checkpoints`` re-tiles a
   state restored onto a mesh whose tiles differ.
