@@ -86,3 +86,31 @@ def test_masked_state_maps_as_in_optax():
   assert named["params"] == named["copy"] == {"a": (1, None), "c": {"d": 1, "e": (None, 2)}}
   assert named["count"] is None
   assert jax.tree.structure(ours[1]).num_leaves == jax.tree.structure(theirs[1]).num_leaves
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("kind", ["auto", "explicit"])
+def test_gives_quantized_moments_the_shardings_the_state_has(kind, bits):
+  """The optax idiom for state shardings on 8- and 4-bit state: each quantized
+  moment's codes and scales get its param's sharding, as
+  ``state_shardings`` derives them, and the state placed with them holds
+  each device's shard of the codes."""
+  axis_type = {"auto": jax.sharding.AxisType.Auto,
+               "explicit": jax.sharding.AxisType.Explicit}[kind]
+  mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(axis_type,) * 2)
+  params = {"w": jnp.ones((64, 128)), "b": jnp.ones(128)}
+  shardings = {"w": NamedSharding(mesh, P(None, "model")),
+               "b": NamedSharding(mesh, P("model"))}
+  tx = shardopt.adamw(1e-3, state_bits=bits)
+  state = tx.init(jax.device_put(params, shardings))
+  replicated = NamedSharding(mesh, P())
+  mapped = shardopt.tree_map_params(tx, lambda _, s: s, state, shardings,
+                                    transform_non_params=lambda _: replicated)
+  derived = shardopt.state_shardings(tx, params, shardings)
+  assert jax.tree.structure(mapped) == jax.tree.structure(derived)
+  for got, want, leaf in zip(jax.tree.leaves(mapped), jax.tree.leaves(derived),
+                             jax.tree.leaves(state)):
+    assert got.is_equivalent_to(want, leaf.ndim), (got, want)
+  codes = jax.device_put(state, mapped)[0].mu["w"].codes
+  assert {s.data.shape for s in codes.addressable_shards} == {
+      (64, 32 if bits == 8 else 16)}

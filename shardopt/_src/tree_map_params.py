@@ -6,7 +6,9 @@ params (moments, traces, previous gradients), leaving counters and scalars.
 that ``init`` builds leaf by leaf from the params comes out as the stand-in,
 and ``f`` is mapped over the matching subtree of ``state`` (and of each tree
 of ``rest``, which have the params' structure). Use it to give every mirror
-of a param that param's sharding, dtype or spec.
+of a param that param's sharding, dtype or spec. A moment stored quantized
+(``quantized_state``) mirrors its param with two arrays, its codes and its
+scales: ``f`` is applied to each with that param's leaves of ``rest``.
 """
 
 from typing import Any
@@ -15,6 +17,7 @@ from typing import Callable
 import jax
 
 from shardopt._src import base
+from shardopt._src.quantization import quantized_array
 
 __all__ = [
     "is_params_stand_in",
@@ -61,7 +64,8 @@ def tree_map_params(
     initable: the transformation (anything with ``init``) or its init
       function.
     f: applied leaf by leaf to each params-shaped part of ``state`` and the
-      trees of ``rest``.
+      trees of ``rest`` (to a quantized moment's codes and scales each with
+      its param's leaves).
     state: a state built by ``initable``.
     *rest: trees with the structure of the params (e.g. their shardings).
     transform_non_params: applied to every other leaf of ``state``; those
@@ -78,9 +82,17 @@ def tree_map_params(
   init = initable.init if hasattr(initable, "init") else initable
   layout = init(_ParamsStandIn())
 
+  def map_mirror(leaf, *param_leaves):
+    if quantized_array.is_quantized(leaf):
+      return jax.tree.map(lambda array: f(array, *param_leaves), leaf)
+    return f(leaf, *param_leaves)
+
+  def is_mirror(x) -> bool:
+    return quantized_array.is_quantized(x) or (is_leaf is not None and is_leaf(x))
+
   def map_part(part, value):
     if is_params_stand_in(part):
-      return jax.tree.map(f, value, *rest, is_leaf=is_leaf)
+      return jax.tree.map(map_mirror, value, *rest, is_leaf=is_mirror)
     if transform_non_params is not None:
       return transform_non_params(value)
     return value
