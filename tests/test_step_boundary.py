@@ -71,6 +71,9 @@ def test_tree_mismatch_names_the_missing_param():
   with pytest.raises(ValueError, match=r"grads\['extra'\] matches no param"):
     opt.update({"w": jnp.ones((8, 16)), "b": jnp.ones(16),
                 "extra": jnp.ones(2)}, state, params)
+  with pytest.raises(ValueError, match=re.escape(
+      "grads is of type list where the params are of type dict")):
+    opt.update([jnp.ones(16), jnp.ones((8, 16))], state, params)
 
 
 def test_grads_are_checked_once_per_compiled_signature(monkeypatch):
@@ -254,6 +257,21 @@ def test_inputs_placed_otherwise_are_named_with_the_fix():
       " P() in pinned_host memory")):
     on_host.train_step(lambda p, batch: jnp.sum(p["w"]) + jnp.sum(batch))(
         params, state, jnp.zeros((8,)))
+
+
+def test_inputs_placed_on_another_mesh_name_both_meshes():
+  """The same spec on a mesh of other axis sizes: the two placements read
+  alike but for their meshes, which the message names."""
+  opt, params, state = _setup()
+  other = partitioning.make_mesh({"data": 4, "model": 2})
+  moved = jax.device_put(jax.tree.map(jnp.copy, params),
+                         partitioning.named_shardings(other, SPECS))
+  with pytest.raises(ValueError, match=re.escape(
+      "params['w'] is placed as P(None, 'model') in device memory on the mesh (data=4,"
+      " model=2) of devices [0, 1, 2, 3, 4, 5, 6, 7], but this optimizer takes it as"
+      " P(None, 'model') in device memory on the mesh (data=2, model=4) of devices"
+      " [0, 1, 2, 3, 4, 5, 6, 7]: place it so first")):
+    opt.update(jax.tree.map(jnp.ones_like, params), state, moved)
 
 
 @pytest.mark.parametrize("spec, fix", [

@@ -37,7 +37,11 @@ __all__ = ["check_grads", "check_inputs", "check_param_shardings", "check_placed
 def first_structure_difference(tree, params, name: str, per_param: str) -> str:
   """Names the first path that ``params`` has and ``tree`` (called ``name``,
   holding a ``per_param`` per param) lacks, or that ``tree`` has and the
-  params lack."""
+  params lack; or the containers, where the two trees' outermost differ."""
+  if type(tree) is not type(params) and not any(
+      jax.tree_util.treedef_is_leaf(jax.tree.structure(t)) for t in (tree, params)):
+    return (f"{name} is of type {type(tree).__name__} where the params are of type "
+            f"{type(params).__name__}")
   paths = [keystr(p) for p, _ in tree_flatten_with_path(tree)[0]]
   param_paths = [keystr(p) for p, _ in tree_flatten_with_path(params)[0]]
   for path in param_paths:
@@ -177,6 +181,23 @@ def _placement(sharding) -> str:
   return f"{layout} in {sharding.memory_kind or 'device'} memory"
 
 
+def _placements(placed, sharding) -> tuple[str, str]:
+  """How ``placed`` and ``sharding`` lay an array out, in words; with their
+  meshes where the specs and memories read the same (another mesh)."""
+  words = _placement(placed), _placement(sharding)
+  if words[0] != words[1]:
+    return words
+  return tuple(f"{w} on {_mesh_words(s)}" for w, s in zip(words, (placed, sharding)))
+
+
+def _mesh_words(sharding) -> str:
+  mesh = getattr(sharding, "mesh", None)
+  if mesh is None or not hasattr(mesh, "device_ids"):
+    return str(sharding)
+  axes = ", ".join(f"{name}={size}" for name, size in mesh.shape.items())
+  return f"the mesh ({axes}) of devices {np.asarray(mesh.device_ids).ravel().tolist()}"
+
+
 def _check_placed(what, tree, shardings, attribute) -> None:
   for (path, leaf), sharding in zip(tree_flatten_with_path(tree)[0],
                                     jax.tree.leaves(shardings)):
@@ -184,9 +205,10 @@ def _check_placed(what, tree, shardings, attribute) -> None:
     placed = leaf.sharding if committed else None
     if placed is not None and not (placed.is_equivalent_to(sharding, leaf.ndim)
                                    and placed.memory_kind == sharding.memory_kind):
+      is_placed, takes = _placements(placed, sharding)
       raise ValueError(
-          f"{what}{keystr(path)} is placed as {_placement(placed)}, but this optimizer "
-          f"takes it as {_placement(sharding)}: place it so first "
+          f"{what}{keystr(path)} is placed as {is_placed}, but this optimizer "
+          f"takes it as {takes}: place it so first "
           f"(jax.device_put({what}, opt.{attribute})).")
 
 
