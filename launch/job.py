@@ -110,6 +110,12 @@ def _stopped_before_training(args, signum: int, start: int, resumed: bool, claim
           f" a later run may use it" + (f"; removed {made}" if others else ""))
 
 
+def _missing_folders(out: str) -> list[str]:
+  """The folder ``out`` and those above it that do not exist (yet), outermost first."""
+  path = pathlib.Path(os.path.normpath(out))
+  return [str(p) for p in (path, *path.parents) if not p.is_dir()][::-1]
+
+
 def run(args: argparse.Namespace, stop: StopRequest, claim: Claim | None = None) -> int:
   """Runs the job; the run folder's lock is held until it returns or raises (or a second
   signal ends the process). ``claim``: the folders a single-process run took before importing
@@ -132,9 +138,10 @@ def _run(args: argparse.Namespace, stop: StopRequest, held: contextlib.ExitStack
   opt, abstract_state, step_fn = blame_values(  # every value checked before the run folder
       args, lambda given: training_setup.planned_step(given, model, abstract))
   evaluation = HeldOut(args, mesh, model, opt.param_shardings, held_out, eval_batches)
-  # A multi-process run takes its folder below: whether it is new is seen by every process
-  # before the collective in agreed(), after which another process may have created it.
-  new_out = not claim.taken and args.out is not None and not os.path.exists(args.out)
+  # A multi-process run takes its folder below: which of --out and the folders above it are
+  # new is seen by every process before the collective in agreed(), after which another
+  # process may have created them; process 0 counts them all as the run's.
+  new_folders = [] if claim.taken or args.out is None else _missing_folders(args.out)
   failure = None
   if stop.agreed():  # what a claim taken before jax created is removed as the job returns
     say(f"stopped by signal {stop.signum or 'on another process'} before the run started:"
@@ -146,8 +153,9 @@ def _run(args: argparse.Namespace, stop: StopRequest, held: contextlib.ExitStack
   except cli.UsageError as e:
     failure = e
   _agreed(failure)
-  if new_out and jax.process_index() == 0:
-    claim.adopt(os.path.normpath(args.out))
+  if jax.process_index() == 0:
+    for folder in new_folders:
+      claim.adopt(folder)
   out = pathlib.Path(args.out)
   held.callback(job_log.to_file(job_log.log_path(out, jax.process_index())))
   if note:

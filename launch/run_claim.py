@@ -80,9 +80,14 @@ class Claim:
     self.default = None
 
   def adopt(self, folder: str) -> None:
-    """Counts ``folder`` as created by this run (another process of it may have made it)."""
-    if os.path.realpath(folder) not in map(os.path.realpath, self.created):
-      self.created.append(folder)
+    """Counts ``folder`` as created by this run (another process of it may have made it),
+    before the folders created inside it: ``created`` stays outermost first."""
+    real = os.path.realpath(folder)
+    reals = [os.path.realpath(f) for f in self.created]
+    if real in reals:
+      return
+    inside = [i for i, r in enumerate(reals) if r.startswith(real.rstrip(os.sep) + os.sep)]
+    self.created.insert(inside[0] if inside else len(self.created), folder)
 
   def remove(self, written: bool = False) -> list[str]:
     """Removes what this run created and releases its locks: each folder created, innermost

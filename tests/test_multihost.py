@@ -267,3 +267,25 @@ def test_sigterm_to_one_process_stops_every_process_and_says_so(tmp_path):
   assert code == 0, (code, text[-1500:])
   assert f"[0] stopped by signal 15 after step {stopped}; checkpoint saved" in text, text[-1500:]
   assert h.checkpoint_steps(out / "checkpoints") == [stopped]
+
+
+def test_a_signal_before_step_1_leaves_nothing_the_multi_process_run_created(tmp_path):
+  """SIGTERM to the launcher before step 1 of a new run whose --out lies in new folders: the run
+  folder and every folder made above it are removed, whichever process made them (those made
+  by process 1 were left, e.g. mh/np and mh/np/sub of mh/np/sub/run)."""
+  out, log = tmp_path / "np" / "sub" / "run", tmp_path / "log"
+  launcher = h.start([*LAUNCH, *h.TINY, "--steps", "4", "--out", str(out)], log)
+  try:
+    deadline = time.monotonic() + 150
+    while "per-device memory plan" not in log.read_text():  # step 1 is seconds away
+      assert launcher.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+      time.sleep(0.02)
+    launcher.send_signal(signal.SIGTERM)
+    code = launcher.wait(timeout=60)
+  finally:
+    h.stop(launcher)
+  text = log.read_text()
+  assert code == 0, (code, text[-1500:])
+  assert (f"[0] stopped by signal 15 before step 1: nothing trained; removed the new run folder"
+          f" {out} and the folders created for it: {out.parent}, {out.parent.parent}") in text
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["log", "log.stderr"]
