@@ -5,8 +5,8 @@ since when). It is created whole and atomically by ``os.link`` of a file
 written beside it (``link`` fails if the lock exists, also on NFS), and its
 modification time is refreshed every ``HEARTBEAT_S`` seconds while the run
 lives. A lock is stale when its holder is gone: on the same host, no process
-with its pid and start time; on another host, no heartbeat for ``STALE_AFTER_S``
-seconds. A stale lock is taken over: renamed to a private name, then checked to
+with its pid and start time, or only its exit status left (a zombie); on
+another host, no heartbeat for ``STALE_AFTER_S`` seconds. A stale lock is taken over: renamed to a private name, then checked to
 be the very file judged stale (its inode and content); a lock another run took
 meanwhile is put back, and the run is told the folder is in use, so of two runs
 taking it over only one succeeds (not excluded: a third run creating its lock in
@@ -47,13 +47,29 @@ HEARTBEAT_S = 10.0
 STALE_AFTER_S = 60.0
 
 
+def _stat_fields(pid: int) -> list[str] | None:
+  """The fields of ``/proc/PID/stat`` after the command's name (Linux: the state first), or
+  None."""
+  try:
+    return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+  except (OSError, IndexError):
+    return None
+
+
 def _start_ticks(pid: int) -> int | None:
   """The start time of process ``pid`` in clock ticks since boot (Linux), or None."""
+  fields = _stat_fields(pid)
   try:
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[19])
-  except (OSError, IndexError, ValueError):
+    return int(fields[19]) if fields else None
+  except (IndexError, ValueError):
     return None
+
+
+def _has_exited(pid: int) -> bool:
+  """Whether process ``pid`` has exited and is left only to be reaped (a zombie: its parent
+  has not waited for it, e.g. in a container whose first process never does)."""
+  fields = _stat_fields(pid)
+  return bool(fields) and fields[0] in ("Z", "X")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +99,8 @@ class Holder:
       pass  # another user's live process
     if self.started is not None and _start_ticks(self.pid) not in (None, self.started):
       return f"pid {self.pid} is now another process"
+    if _has_exited(self.pid):
+      return f"process {self.pid} has exited (not yet reaped)"
     return None
 
 

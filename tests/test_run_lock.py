@@ -124,3 +124,33 @@ def test_a_lock_file_the_disk_has_no_room_for_is_a_storage_error_leaving_nothing
                        f" {folder / run_lock.LOCK_NAME} \\(No space left on device\\)"):
       run_lock.RunLock.acquire(folder)
     assert list(folder.iterdir()) == []
+
+
+def test_a_lock_whose_holder_has_exited_unreaped_is_taken_over(tmp_path):
+  """A run killed whose parent has not waited for it yet (a zombie: ``kill(pid, 0)`` and its
+  start time still answer, for seconds after a launcher's kill -9, or for good under a first
+  process that never reaps) held the folder: the restart was refused as 'in use'."""
+  holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+      import sys
+      from launch import run_lock
+      run_lock.RunLock.acquire(sys.argv[1], warn=lambda line: None)
+      print("held", flush=True)
+      sys.stdin.read()""").strip(), str(tmp_path)],
+      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=h.child_env())
+  try:
+    assert holder.stdout.readline() == "held\n"
+    holder.kill()
+    deadline = time.monotonic() + 10
+    while open(f"/proc/{holder.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+      assert time.monotonic() < deadline
+      time.sleep(0.01)
+    said = []
+    lock = run_lock.RunLock.acquire(tmp_path, warn=said.append)
+    lock.release()
+  finally:
+    holder.kill()
+    holder.wait()
+  assert len(said) == 1
+  assert said[0].startswith(f"warning: --out {tmp_path}: took over the lock of a run that is"
+                            f" gone (host {socket.gethostname()}, pid {holder.pid}, since ")
+  assert said[0].endswith(f": process {holder.pid} has exited (not yet reaped))")
