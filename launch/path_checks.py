@@ -88,7 +88,21 @@ def check_paths(values: dict) -> None:
       part, what = blocked
       where = "" if part == str(pathlib.Path(path)) else f"{part} "
       raise UsageError(f"{flag(name)} {path}: {where}is {what}; name another folder")
+  _refuse_checkpoints_among_run_files(values)
   _check_checkpoints_folder(values)
+
+
+def _refuse_checkpoints_among_run_files(values: dict) -> None:
+  """Refuses a new run's --checkpoint-dir that is the run folder itself: its step folders would
+  lie among the run's files, where a resume without the flag looks for none (in
+  --out/checkpoints). A --resume of a run that kept them so goes on."""
+  out, checkpoint_dir = values.get("out"), values.get("checkpoint_dir")
+  if (not values.get("resume") and out is not None and checkpoint_dir is not None
+      and "://" not in checkpoint_dir
+      and os.path.abspath(checkpoint_dir) == os.path.abspath(out)):
+    raise UsageError(f"--checkpoint-dir {checkpoint_dir}: the run folder (--out) itself; keep"
+                     f" the checkpoints in a folder of their own, e.g. --checkpoint-dir"
+                     f" {os.path.join(out, 'checkpoints')} (where a run keeps them by default)")
 
 
 def _check_checkpoints_folder(values: dict) -> None:

@@ -163,6 +163,8 @@ ARGUMENT_CASES = [  # (id, arguments, what the message must name)
     ("d_model_odd", ["--d-model", "63"], ["--d-model 63", "even"]),
     ("out_empty", ["--out", ""], ["--out ''", "empty path"]),
     ("checkpoint_dir_blank", ["--checkpoint-dir", " "], ["--checkpoint-dir ' '", "empty path"]),
+    ("checkpoint_dir_the_run_folder", ["--out", "run", "--checkpoint-dir", "./run/"],
+     ["--checkpoint-dir ./run/: the run folder (--out) itself", "--checkpoint-dir run/checkpoints"]),
     ("seq_len_beyond_the_corpus", ["--eval-every", "0", "--seq-len", "200000"],
      ["--seq-len 200000: at most 33760", "held-out slice"]),
     ("seed_negative", ["--seed", "-1"], ["--seed -1", "at least 0"]),
