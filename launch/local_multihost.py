@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import ctypes
 import importlib.util
+import math
 import os
 import queue
 import signal
@@ -311,8 +312,8 @@ def check_args(args: argparse.Namespace) -> None:
   if args.port > 65535:
     raise cli.UsageError(f"--port {args.port}: must be at most 65535")
   for flag, value in (("--timeout", args.timeout), ("--grace", args.grace)):
-    if not value > 0:
-      raise cli.UsageError(f"{flag} {value}: must be a number of seconds > 0")
+    if not 0 < value < math.inf:
+      raise cli.UsageError(f"{flag} {value}: must be a finite number of seconds > 0")
   why = _unrunnable(args.module)
   if why:
     raise cli.UsageError(f"--module {args.module}: python -m cannot run it ({why})")

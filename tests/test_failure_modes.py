@@ -382,9 +382,11 @@ def test_launcher_resume_with_nothing_to_resume(tmp_path):
 
 @pytest.mark.parametrize("args,culprit", [
     (["--devices", "0"], "--devices 0: must be at least 1"),
-    (["--timeout", "0"], "--timeout 0.0: must be a number of seconds > 0"),
-    (["--grace", "-1"], "--grace -1.0: must be a number of seconds > 0"),
-], ids=["devices", "timeout", "grace"])
+    (["--timeout", "0"], "--timeout 0.0: must be a finite number of seconds > 0"),
+    (["--grace", "-1"], "--grace -1.0: must be a finite number of seconds > 0"),
+    (["--grace", "inf"], "--grace inf: must be a finite number of seconds > 0"),
+    (["--timeout", "nan"], "--timeout nan: must be a finite number of seconds > 0"),
+], ids=["devices", "timeout", "grace", "grace_infinite", "timeout_nan"])
 def test_launcher_with_no_devices_or_no_time(tmp_path, args, culprit):
   work = tmp_path / "work"
   work.mkdir()
