@@ -6,10 +6,11 @@ written beside it (``link`` fails if the lock exists, also on NFS), and its
 modification time is refreshed every ``HEARTBEAT_S`` seconds while the run
 lives. A lock is stale when its holder is gone: on the same host, no process
 with its pid and start time, or only its exit status left (a zombie); on
-another host, no heartbeat for ``STALE_AFTER_S`` seconds. A stale lock is taken over: renamed to a private name, then checked to
-be the very file judged stale (its inode and content); a lock another run took
-meanwhile is put back, and the run is told the folder is in use, so of two runs
-taking it over only one succeeds (not excluded: a third run creating its lock in
+another host, no heartbeat for ``STALE_AFTER_S`` seconds. A stale lock is
+taken over: renamed to a private name, then checked to be the very file judged
+stale (its inode and content); a lock another run took meanwhile is put back,
+and the run is told the folder is in use, so of two runs taking it over only
+one succeeds (not excluded: a third run creating its lock in
 the microseconds between such a move and its return). In a multi-process job
 process 0 holds it.
 

@@ -5,15 +5,16 @@ sharding, so code that builds state from the params (``zeros_like``,
 reductions, reshapes) sees, and passes on, how each array is split. The
 sharding layer traces a transformation's ``init`` this way, on any mesh, to
 derive the state's layout; ``quantized_state`` reads the same types to fit
-its blocks inside one device's shard.
+its blocks inside one device's shard (and, run eagerly on arrays placed on a
+mesh, their shardings).
 
 ``explicit_abstract_mesh`` is the mesh's device-free copy with Explicit
 axes; ``eval_shape_typed`` evaluates a function's output shapes on params
 typed with given specs on it; ``shard_shape`` is the shape of one device's
-piece of a traced array (its global shape when nothing types it: an Auto
-mesh, no mesh, or eager code) and ``finest_shard_shape`` the shortest piece
-of each dimension on any mesh of as many devices that splits the same
-dimensions; ``whole`` gathers an array an operation needs unsplit (an SVD)
+piece of an array as its type or its placement lays it out (its global shape
+when nothing does: traced on an Auto mesh, no mesh, one device) and
+``finest_shard_shape`` the shortest piece of each dimension on any mesh of
+as many devices that splits the same dimensions; ``whole`` gathers an array an operation needs unsplit (an SVD)
 where Explicit axes split it, and ``laid_out_like`` puts a result back in
 the layout of the state it replaces.
 """
@@ -81,20 +82,22 @@ def _is_array(x) -> bool:
 
 def shard_shape(x) -> tuple[int, ...]:
   """The shape of the piece of ``x`` one device holds, as typed where ``x``
-  is traced; ``x``'s global shape where no Explicit axis splits it."""
+  is traced or as placed where it is an array on a mesh; ``x``'s global
+  shape where neither splits it."""
   sharding = _typed_sharding(x)
   shape = tuple(jax.typeof(x).shape)
   return shape if sharding is None else tuple(sharding.shard_shape(shape))
 
 
 def finest_shard_shape(x) -> tuple[int, ...]:
-  """Per dimension of a traced ``x``, the shortest piece one device can hold
-  on any mesh of as many devices whose axes split the same dimensions as
-  ``x``'s type does: ``length // gcd(length, devices)`` for a split
+  """Per dimension of ``x``, the shortest piece one device can hold on any
+  mesh of as many devices whose axes split the same dimensions as ``x``'s
+  type (or placement) does: ``length // gcd(length, devices)`` for a split
   dimension (whatever the axes' sizes, an even split ``k`` divides both, so
   this divides the piece of every such mesh, this one included), the whole
-  length for one no axis names; ``x``'s global shape where no Explicit axis
-  types it. A tile fitted to it is the same on (2, 4), (4, 2) and (8, 1)."""
+  length for one no axis names; ``x``'s global shape where neither its type
+  nor its placement splits it. A tile fitted to it is the same on (2, 4),
+  (4, 2) and (8, 1)."""
   sharding = _typed_sharding(x)
   shape = tuple(jax.typeof(x).shape)
   if sharding is None:

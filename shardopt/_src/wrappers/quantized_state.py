@@ -183,8 +183,9 @@ def quantized_state(
   of two down to 32 that does (a moment where none fits stays in float).
   Fitted tiles run longer along the last dimension where a mesh splits it
   less than the finest would: on CPU the update is faster
-  (``benchmarks/results/block_layouts.md``). Without the layout (traced in a plain
-  ``jit`` on an Auto mesh, or unsharded) tiles come from the global shape.
+  (``benchmarks/results/block_layouts.md``). Without the layout (traced in
+  a plain ``jit`` on an Auto mesh, or unsharded) tiles come from the global
+  shape.
   ``update`` keeps the tiles the state has; ``checkpoints`` re-tiles a
   state restored onto a mesh whose tiles differ.
 
