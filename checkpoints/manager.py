@@ -73,8 +73,18 @@ class CheckpointManager:
   # Listing and lifecycle -------------------------------------------------
 
   def all_steps(self) -> list[int]:
-    """Steps of the finalized checkpoints, ascending."""
-    return sorted(self._mngr.all_steps())
+    """Steps of the finalized checkpoints, ascending (not the one a background save is still
+    writing)."""
+    writing = self._writing if self._mngr.is_saving_in_progress() else None
+    return sorted(s for s in self._mngr.all_steps() if s != writing)
+
+  def _reload(self) -> None:
+    """Reads the steps on storage again (another process or program may have written some),
+    unless this manager's own save is in flight: a reload then drops the step being written,
+    and orbax does not list it again once it is finalized (a later save of that step wrote
+    over it)."""
+    if not self._mngr.is_saving_in_progress():
+      self._mngr.reload()
 
   def latest_step(self) -> int | None:
     """The largest finalized step (the one ``restore`` reads by default), or None."""
@@ -146,13 +156,27 @@ class CheckpointManager:
     the devices, and the write goes on in the background. ``metadata`` is any
     JSON (data position, config); ``metrics`` ranks checkpoints for keep_best.
     Skipped (False) when ``step`` is not on the save interval or not above
-    the largest step saved (with a warning saying so), unless ``force``.
+    the largest step saved (with a warning saying so), unless ``force``; a step
+    saved already (or being written) is skipped with a warning, and with
+    ``force`` refused (``CheckpointError``): a finalized checkpoint is never
+    written over. With a policy's ``keep_best``, ``metrics`` (if given) must
+    hold its ``best_metric`` (else ``ValueError``, nothing written).
     Each array's checksum is computed from its shards before the write starts.
     """
     if self.read_only:
       raise CheckpointError(f"CheckpointManager({self.directory}, read_only=True) cannot save.")
     step = save_checks.checked_step(step)
-    latest = self.latest_step()
+    saved = sorted(self._mngr.all_steps())  # the one in flight too
+    if step in saved:
+      if force:
+        raise CheckpointError(
+            f"CheckpointManager({self.directory}).save({step}, force=True): step {step} is"
+            " saved already, and a finalized checkpoint is never written over (a failed write"
+            " would lose it); save another step, or delete this one's folder first.")
+      warnings.warn(f"CheckpointManager({self.directory}).save({step}) skipped: step {step} is"
+                    " saved already", stacklevel=2)
+      return False
+    latest = saved[-1] if saved else None
     if not force and latest is not None and step <= latest:
       warnings.warn(f"CheckpointManager({self.directory}).save({step}) skipped: not above the"
                     f" largest step saved, {latest}; pass force=True to write it (restore"
@@ -163,6 +187,7 @@ class CheckpointManager:
     metadata = save_checks.checked_json(metadata or {}, "metadata")
     if metrics is not None:
       metrics = {k: float(v) for k, v in metrics.items()}
+      self._refuse_unranked(step, metrics)
     save_checks.refuse_deleted(step, state)
     barrier(f"save_{step}", self.policy.timeout_s)
     saveable = layout.to_saveable(state)
@@ -181,10 +206,22 @@ class CheckpointManager:
       self._writing = None
     return started
 
+  def _refuse_unranked(self, step: int, metrics: dict) -> None:
+    """Raises ValueError, before anything is written, when ``metrics`` lack the key the policy's
+    ``keep_best`` ranks by (orbax ranked every later save with it and raised a bare KeyError
+    from each, keeping every step)."""
+    wanted = self.policy.best_metric
+    if self.policy.keep_best is not None and wanted not in metrics:
+      raise ValueError(
+          f"CheckpointManager({self.directory}).save({step}, metrics={sorted(metrics)}): the"
+          f" metrics lack {wanted!r}, by which keep_best={self.policy.keep_best} ranks the"
+          f" checkpoints; pass metrics with {wanted!r}, or none (a step without metrics is"
+          " always kept).")
+
   # Restoring ----------------------------------------------------------
 
   def _step(self, step: int | None) -> int:
-    self._mngr.reload()
+    self._reload()
     steps = self.all_steps()
     if step is None:
       if not steps:
@@ -267,7 +304,7 @@ class CheckpointManager:
     Raises:
       NoCheckpointError: no step is intact (the message lists why each failed).
     """
-    self._mngr.reload()
+    self._reload()
     skipped = []
     for step in reversed(self.all_steps()):
       try:

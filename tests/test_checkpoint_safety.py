@@ -219,3 +219,58 @@ def test_close_waits_for_the_clean_up_of_temporary_folders(tmp_path, monkeypatch
   for thread in set(threading.enumerate()) - before:
     thread.join(timeout=10)
   assert not [t for t in threading.enumerate() if t not in before and t.is_alive()]
+
+
+def test_a_restore_while_a_save_is_written_keeps_the_steps_right(tmp_path):
+  """restore() during a background save reloaded the steps from storage, where the step being
+  written is a temporary folder: orbax dropped it from its list and never listed it again once
+  finalized (all_steps() [1] with step 2 on disk), and a later save(2) wrote over it. Now the
+  steps listed are the finalized ones, before and after the save ends."""
+  big = lambda value: {"w": jnp.full((4096, 4096), value, jnp.float32)}  # 64 MiB: seconds
+  one = NamedSharding(_mesh((8, 1)), P())
+  target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one),
+                        jax.eval_shape(lambda: big(0.0)))
+  with ck.CheckpointManager(tmp_path, ck.CheckpointPolicy(keep_last=2)) as mngr:
+    mngr.save(1, big(1.0))
+    mngr.wait_until_finished()
+    mngr.save(2, big(2.0))
+    assert _steps_on_disk(tmp_path) == [1]  # step 2 still being written
+    assert mngr.all_steps() == [1] and mngr.latest_step() == 1
+    assert mngr.restore(target).step == 1
+    mngr.wait_until_finished()
+    assert mngr.all_steps() == [1, 2] and mngr.latest_step() == 2
+    with pytest.warns(UserWarning, match=r"save\(2\) skipped: step 2 is saved already"):
+      assert not mngr.save(2, big(22.0))
+    restored = mngr.restore(target)
+  assert restored.step == 2 and float(restored.state["w"][0, 0]) == 2.0
+
+
+def test_saving_a_saved_step_with_force_is_refused_naming_it(tmp_path):
+  """force=True on a step already saved raised orbax's StepAlreadyExistsError, after the
+  skipped save's warning had advised force=True."""
+  with ck.CheckpointManager(tmp_path) as mngr:
+    mngr.save(1, _small(1))
+    mngr.wait_until_finished()
+    with pytest.raises(ck.CheckpointError, match=r"save\(1, force=True\): step 1 is saved"
+                       r" already, and a finalized checkpoint is never written over"):
+      mngr.save(1, _small(2), force=True)
+    mngr.save(2, _small(2))
+    mngr.wait_until_finished()
+    assert mngr.all_steps() == [1, 2]
+    assert int(mngr.restore(_small_target(), 1).state["n"]) == 1
+
+
+def test_keep_best_refuses_metrics_without_its_metric_before_writing(tmp_path):
+  """A save whose metrics lacked best_metric was written, then it and every later save raised
+  a bare KeyError from orbax's ranking, and keep_last kept nothing away."""
+  policy = ck.CheckpointPolicy(keep_last=1, keep_best=1, best_metric="loss")
+  with ck.CheckpointManager(tmp_path, policy) as mngr:
+    assert mngr.save(1, _small(1), metrics={"loss": 1.0})
+    with pytest.raises(ValueError, match=r"save\(2, metrics=\['acc'\]\): the metrics lack"
+                       r" 'loss', by which keep_best=1 ranks the checkpoints"):
+      mngr.save(2, _small(2), metrics={"acc": 0.5})
+    for step, loss in ((3, 0.5), (4, 2.0)):
+      assert mngr.save(step, _small(step), metrics={"loss": loss})
+    mngr.wait_until_finished()
+    assert mngr.all_steps() == [3, 4]
+  assert _steps_on_disk(tmp_path) == [3, 4] and _tmp_dirs(tmp_path) == []
