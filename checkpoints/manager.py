@@ -191,6 +191,7 @@ class CheckpointManager:
     save_checks.refuse_deleted(step, state)
     barrier(f"save_{step}", self.policy.timeout_s)
     saveable = layout.to_saveable(state)
+    save_checks.refuse_no_data(step, state, saveable)
     args = ocp.args.Composite(
         state=ocp.args.PyTreeSave(saveable),
         layout=ocp.args.JsonSave(record.make(state, saveable, metadata)),

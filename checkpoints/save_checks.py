@@ -1,5 +1,6 @@
 """What ``CheckpointManager.save`` refuses before any process writes: a step that is not an
-integer >= 0, metadata that is not JSON, arrays already deleted (donated to a jitted call)."""
+integer >= 0, metadata that is not JSON, arrays already deleted (donated to a jitted call), a
+state with no data to write."""
 
 import json
 import operator
@@ -11,7 +12,7 @@ from checkpoints import layout
 from checkpoints.errors import CheckpointError
 from checkpoints.errors import quoted_names
 
-__all__ = ["checked_json", "checked_step", "refuse_deleted"]
+__all__ = ["checked_json", "checked_step", "refuse_deleted", "refuse_no_data"]
 
 
 def checked_json(value: Any, what: str) -> Any:
@@ -44,3 +45,14 @@ def checked_step(step) -> int:
     raise ValueError(f"save(step={step!r}): a step is an integer >= 0 (a negative one "
                      "would be written but never listed or restored).")
   return index
+
+
+def refuse_no_data(step: int, state: Any, saveable: dict) -> None:
+  """Raises CheckpointError when ``state`` has no data to write (``saveable``, its written
+  form, is empty: no leaves, or arrays with no elements only, which the layout alone records):
+  Orbax writes no step without data ('Found empty item', from the background write)."""
+  if not saveable:
+    empty = [f"{name} {tuple(leaf.shape)}" for name, leaf in layout.named_leaves(state)]
+    found = f"only arrays with no elements: {', '.join(empty[:5])}" if empty else "no leaves"
+    raise CheckpointError(f"save({step}): the state holds no data to write ({found});"
+                          " save a state with data (e.g. params and optimizer state together).")

@@ -4,6 +4,7 @@ import asyncio
 import os
 import pathlib
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -274,3 +275,17 @@ def test_keep_best_refuses_metrics_without_its_metric_before_writing(tmp_path):
     mngr.wait_until_finished()
     assert mngr.all_steps() == [3, 4]
   assert _steps_on_disk(tmp_path) == [3, 4] and _tmp_dirs(tmp_path) == []
+
+
+def test_a_state_with_no_data_is_refused_naming_its_leaves(tmp_path):
+  """Orbax refused it from the background write ('Found empty item.'), naming nothing."""
+  with ck.CheckpointManager(tmp_path) as mngr:
+    with pytest.raises(ck.CheckpointError, match=re.escape(
+        "save(1): the state holds no data to write (only arrays with no elements:"
+        " opt.mu (0, 3), w (0, 3))")):
+      mngr.save(1, {"w": jnp.zeros((0, 3)), "opt": {"mu": jnp.zeros((0, 3))}})
+    with pytest.raises(ck.CheckpointError, match=re.escape("(no leaves)")):
+      mngr.save(1, {})
+    assert mngr.save(1, {"w": jnp.zeros((0, 3)), "n": jnp.int32(1)})
+    mngr.wait_until_finished()
+  assert _steps_on_disk(tmp_path) == [1]
