@@ -43,8 +43,10 @@ def _run(args, stop: StopRequest) -> int:
   if not arg_checks.several_processes(args):  # its one process owns the folder: taken before jax
     claim = run_folder.take(args)
     stop.on_abort(claim.abort)  # a second signal before step 1 leaves nothing either
-  elif args.process_id == 0:  # process 0 takes the lock once the processes are joined
-    folder_checks.refuse_if_in_use(args)  # at once, before jax is imported
+  elif args.process_id in (0, None):  # process 0 takes the lock once the processes are joined
+    # At once, before jax is imported: process 0, or under --auto-distributed every process
+    # (none knows its index yet, and none of this run holds the lock before all have joined).
+    folder_checks.refuse_if_in_use(args)
   try:
     cli.set_cpu_devices(args.cpu_devices)
     restore_stdout = None

@@ -15,6 +15,7 @@ import math
 import os
 import pathlib
 import re
+import shlex
 import shutil
 import signal
 import stat
@@ -580,6 +581,28 @@ def test_a_folder_in_use_is_refused_at_once_naming_the_holder(run, tmp_path):
   assert hashes(run) == before
 
 
+def test_an_auto_distributed_process_refuses_a_folder_in_use_before_importing_jax(tmp_path):
+  """Under --auto-distributed (the SLURM and TPU scripts) no process knows its index before
+  jax joins them, and only process 0 checked the folder at once: each went on to import jax
+  and join. Each checks it now (none of the run holds the lock before all have joined)."""
+  out = tmp_path / "run"
+  out.mkdir()
+  held = run_lock.RunLock.acquire(out)  # this test process holds the run
+  env = {**h.child_env(), "PYTHONPATH": str(h.ROOT), "PYTHONPROFILEIMPORTTIME": "1"}
+  try:
+    result = subprocess.run(
+        [sys.executable, "-m", "launch.train", *h.TINY, "--auto-distributed", "--out", str(out)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+  finally:
+    held.release()
+  lines = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
+  imports = [line for line in result.stderr.splitlines() if line.startswith("import time:")]
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert len(lines) == 1 and lines[0].startswith(f"error: --out {out} is in use by another run"
+                                                   f" (host "), lines
+  assert imports and not any(re.search(r"\|\s+jax$", line) for line in imports)
+
+
 @pytest.mark.parametrize("resume", [[], ["--resume"]], ids=["fresh", "resume"])
 def test_a_folder_a_live_run_holds_is_in_use_whatever_it_holds(tmp_path, resume):
   """A live run that started a moment ago holds the folder and has written its first metrics
@@ -919,6 +942,36 @@ def test_the_tpu_script_installs_what_its_bucket_needs():
   assert path_checks.url_packages("gs")[0] in extras["gcs"]
   script = (h.ROOT / "launch" / "scripts" / "tpu_pod.sh").read_text()
   assert 'OUT="${OUT:-gs://' in script and "pip install -q -e '.[gcs]'" in script
+
+
+@pytest.mark.parametrize("args", [[], ["--mesh", "data=-1,model=4", "--config", "my run.toml"]],
+                         ids=["no_arguments", "arguments"])
+def test_the_tpu_script_passes_its_arguments_to_every_worker(tmp_path, args):
+  """With no arguments the script passed an empty one (printf '%q ' of nothing is ''): every
+  worker's job exited 2 ('unrecognized arguments')."""
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  fake = bin_dir / "gcloud"  # writes the command it would run on every worker
+  fake.write_text('#!/usr/bin/env bash\nwhile (( $# )); do [[ $1 == --command ]] &&'
+                  f' printf %s "$2" > {tmp_path / "command"}; shift; done\n')
+  fake.chmod(0o755)
+  env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "TPU_NAME": "pod",
+         "ZONE": "z"}
+  subprocess.run(["bash", str(h.ROOT / "launch" / "scripts" / "tpu_pod.sh"), *args],
+                 env=env, check=True, timeout=60)
+  command = shlex.split((tmp_path / "command").read_text())
+  job_args = command[command.index("launch.train") + 1:]
+  assert job_args[job_args.index("--resume"):] == ["--resume", "auto", *args]
+
+
+def test_the_slurm_script_runs_one_task_per_gpu():
+  """jax.distributed gives each SLURM process the one GPU of its SLURM_LOCALID: with one task
+  per node, 7 of every node's 8 GPUs stood idle."""
+  script = (h.ROOT / "launch" / "scripts" / "slurm.sbatch").read_text()
+  tasks = re.search(r"^#SBATCH --ntasks-per-node=(\d+)$", script, re.M)
+  gpus = re.search(r"^#SBATCH --gpus-per-node=(\d+)$", script, re.M)
+  assert tasks and gpus and tasks.group(1) == gpus.group(1)
+  assert '--out "runs/${SLURM_JOB_NAME}" --resume auto' in script  # one folder per job name
 
 
 def test_metrics_are_strict_json(tmp_path):

@@ -8,7 +8,9 @@
 # jax.distributed.initialize() auto-detects the TPU workers (--auto-distributed),
 # so no coordinator address is needed. Extra arguments go to launch.train.
 # Running the script again continues the run: --resume auto resumes from the
-# newest valid checkpoint under $OUT, or starts fresh (one line says so).
+# newest valid checkpoint under $OUT, or starts fresh (one line says so). The
+# run folder (metrics, loss curve, logs) is /tmp/shardopt-run on each worker's own
+# disk; process 0 (worker 0) writes it.
 #
 #   TPU_NAME=my-pod ZONE=us-central2-b ./launch/scripts/tpu_pod.sh --mesh data=-1,model=4 --steps 2000
 set -euo pipefail
@@ -24,4 +26,4 @@ fi
 
 gcloud compute tpus tpu-vm ssh "${TPU_NAME}" --zone "${ZONE}" --worker=all --command "
   ${setup} cd ${REPO_DIR} && python3 -m launch.train --auto-distributed --cpu-devices 0 \
-    --out /tmp/shardopt-run --checkpoint-dir ${OUT}/checkpoints --resume auto $(printf '%q ' "$@")"
+    --out /tmp/shardopt-run --checkpoint-dir ${OUT}/checkpoints --resume auto ${*:+$(printf '%q ' "$@")}"
