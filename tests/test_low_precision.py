@@ -43,3 +43,31 @@ def test_updates_follow_the_rounded_state():
   oracle.assert_trees_close(ours, exact, rtol=1e-6)
   rounded = jax.tree.map(lambda x: x.astype(jnp.bfloat16), exact_state.mu)
   oracle.assert_trees_close(state.mu, rounded, rtol=0)
+
+
+def test_hyperparameters_and_scalars_of_no_param_keep_their_dtype():
+  """inject_hyperparams' b2 = 0.999 was stored in bfloat16, where it is 1.0: Adam's bias
+  correction then divided 0 by 0 and every update was nan. Only leaves that derive from a
+  param are stored low; the update equals the float32 state's to bfloat16 rounding."""
+  inner = optax.inject_hyperparams(optax.adam)(learning_rate=3e-4, b1=0.9, b2=0.999)
+  tx = shardopt.low_precision_state(inner)
+  params = oracle.mixed_tree()
+  state = tx.init(params)
+  assert {k: v.dtype for k, v in state.hyperparams.items()} == {
+      k: v.dtype for k, v in inner.init(params).hyperparams.items()}
+  assert float(state.hyperparams["b2"]) == pytest.approx(0.999, rel=1e-7)
+  assert float_state_dtypes(state.inner_state) == {jnp.dtype(jnp.bfloat16)}
+  ours, state = jax.jit(tx.update)(params, state, params)
+  exact, _ = inner.update(params, inner.init(params), params)
+  oracle.assert_trees_close(ours, exact, rtol=1e-6)
+  assert float_state_dtypes(state.inner_state) == {jnp.dtype(jnp.bfloat16)}
+
+
+def test_schedule_free_keeps_its_scalars_and_stores_its_iterate_low():
+  inner = optax.contrib.schedule_free_adamw(1e-2, b1=0.9)
+  tx = shardopt.low_precision_state(inner)
+  params = oracle.mixed_tree()
+  state = tx.init(params)
+  assert state.b1.dtype == state.weight_sum.dtype == jnp.float32
+  assert float(state.b1) == pytest.approx(0.9, rel=1e-7)
+  assert float_state_dtypes(state.z) == {jnp.dtype(jnp.bfloat16)}

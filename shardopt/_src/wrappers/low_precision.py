@@ -1,9 +1,15 @@
 """Low-precision optimizer state for any transformation.
 
 ``low_precision_state(tx, jnp.bfloat16)`` stores every floating state leaf of
-``tx`` (moments, accumulators, factored statistics, covers) in ``dtype`` and
-computes each update in the dtype ``tx`` would have used, so bfloat16 halves
-optimizer memory. Integer leaves (counters) and PRNG keys are untouched.
+``tx`` that derives from a param (moments, accumulators, factored statistics,
+covers: the owner each leaf has by ``shardopt._src.ownership``'s stand-in
+trace) in ``dtype`` and computes each update in the dtype ``tx`` would have
+used, so bfloat16 halves optimizer memory. Leaves of no param stay as ``tx``
+builds them: integer counters, PRNG keys, and floating hyperparameters and
+scalar statistics (``inject_hyperparams``' hyperparameters, schedule-free's
+``b1`` and weight sum), which hold no memory worth saving and which bfloat16
+would change (``b2 = 0.999`` is 1.0 there: Adam's bias correction then divides
+0 by 0).
 
 Accuracy: bfloat16 keeps 8 significant bits, so an average that moves by less
 than 1/256 of its value per step (a second moment with ``b2 = 0.999``) can
@@ -19,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from shardopt._src import base
+from shardopt._src import ownership
 
 __all__ = [
     "low_precision_state",
@@ -29,8 +36,18 @@ def _is_float_array(x) -> bool:
   return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)
 
 
-def _cast_floats(state, dtype):
-  return jax.tree.map(lambda x: x.astype(dtype) if _is_float_array(x) else x, state)
+def _stored_low(init, params, state) -> list[bool]:
+  """Per leaf of ``state`` (``init``'s, from ``params``): whether it is stored in the low
+  dtype, a floating leaf that derives from a param."""
+  owners = ownership.state_owners(init, params, state)
+  return [_is_float_array(x) and owner is not None
+          for x, owner in zip(jax.tree.leaves(state), owners)]
+
+
+def _cast_where(state, low: list[bool], dtype):
+  leaves, treedef = jax.tree.flatten(state)
+  return jax.tree.unflatten(treedef, [x.astype(dtype) if cast else x
+                                      for x, cast in zip(leaves, low)])
 
 
 def _cast_like(state, template):
@@ -45,7 +62,9 @@ def low_precision_state(
   """Stores the floating state of ``inner`` in ``dtype`` between steps.
 
   Each update casts the state up to the dtype ``inner`` built it in, runs
-  ``inner`` and rounds the new floating state leaves down to ``dtype``.
+  ``inner`` and rounds the new floating state leaves that derive from a param
+  down to ``dtype`` (the others stay as ``inner`` built them: see the module
+  docstring).
 
   Args:
     inner: any transformation (shardopt's or optax's).
@@ -54,8 +73,8 @@ def low_precision_state(
 
   Returns:
     A ``GradientTransformationExtraArgs`` with ``inner``'s updates (up to
-    the rounding of its state) whose floating state leaves have dtype
-    ``dtype``.
+    the rounding of its state) whose floating state leaves of the params
+    have dtype ``dtype``.
 
   References:
     Kalamkar et al., "A Study of BFLOAT16 for Deep Learning Training", 2019
@@ -64,12 +83,14 @@ def low_precision_state(
   inner = base.with_extra_args_support(inner)
 
   def init_fn(params):
-    return _cast_floats(inner.init(params), dtype)
+    state = inner.init(params)
+    return _cast_where(state, _stored_low(inner.init, params, state), dtype)
 
   def update_fn(updates, state, params=None, **extra_args):
     full_precision = jax.eval_shape(inner.init, updates)
+    low = _stored_low(inner.init, updates, full_precision)
     state = _cast_like(state, full_precision)
     updates, state = inner.update(updates, state, params, **extra_args)
-    return updates, _cast_floats(state, dtype)
+    return updates, _cast_where(state, low, dtype)
 
   return base.GradientTransformationExtraArgs(init_fn, update_fn)
