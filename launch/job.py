@@ -47,6 +47,7 @@ from launch.held_out import HeldOut
 from launch.processes import init_distributed
 from launch.processes import say
 from launch.run_claim import Claim
+from launch.run_claim import missing_folders
 from launch.stop import StopRequest
 from launch.train_loop import restore_and_train
 from launch.validation import NonFiniteGuard
@@ -110,12 +111,6 @@ def _stopped_before_training(args, signum: int, start: int, resumed: bool, claim
           f" a later run may use it" + (f"; removed {made}" if others else ""))
 
 
-def _missing_folders(out: str) -> list[str]:
-  """The folder ``out`` and those above it that do not exist (yet), outermost first."""
-  path = pathlib.Path(os.path.normpath(out))
-  return [str(p) for p in (path, *path.parents) if not p.is_dir()][::-1]
-
-
 def run(args: argparse.Namespace, stop: StopRequest, claim: Claim | None = None) -> int:
   """Runs the job; the run folder's lock is held until it returns or raises (or a second
   signal ends the process). ``claim``: the folders a single-process run took before importing
@@ -141,7 +136,8 @@ def _run(args: argparse.Namespace, stop: StopRequest, held: contextlib.ExitStack
   # A multi-process run takes its folder below: which of --out and the folders above it are
   # new is seen by every process before the collective in agreed(), after which another
   # process may have created them; process 0 counts them all as the run's.
-  new_folders = [] if claim.taken or args.out is None else _missing_folders(args.out)
+  new_folders = ([] if claim.taken or args.out is None else
+                 [str(p) for p in missing_folders(pathlib.Path(os.path.normpath(args.out)))])
   failure = None
   if stop.agreed():  # what a claim taken before jax created is removed as the job returns
     say(f"stopped by signal {stop.signum or 'on another process'} before the run started:"

@@ -16,7 +16,7 @@ from launch.errors import UsageError
 from launch.path_checks import blocking_part
 from launch.run_contents import RUNS
 
-__all__ = ["Claim", "claim_new", "make_folders", "new_name"]
+__all__ = ["Claim", "claim_new", "make_folders", "missing_folders", "new_name"]
 
 
 def new_name(tag: str = "", now: float | None = None) -> pathlib.Path:
@@ -25,12 +25,16 @@ def new_name(tag: str = "", now: float | None = None) -> pathlib.Path:
   return RUNS / (f"lm-{stamp}-{tag}" if tag else f"lm-{stamp}")
 
 
+def missing_folders(path: pathlib.Path) -> list[pathlib.Path]:
+  """The folder ``path`` and those above it that do not exist (yet), outermost first."""
+  return [p for p in (path, *path.parents) if not p.is_dir()][::-1]
+
+
 def make_folders(path: pathlib.Path) -> list[str]:
   """Creates the folder ``path`` and the folders above it that are missing; those it created,
   outermost first (a folder another run creates meanwhile is that run's). Raises OSError."""
-  missing = [p for p in (path, *path.parents) if not p.is_dir()][::-1]
   created = []
-  for folder in missing:
+  for folder in missing_folders(path):
     try:
       folder.mkdir()
       created.append(str(folder))

@@ -581,6 +581,14 @@ def test_a_folder_in_use_is_refused_at_once_naming_the_holder(run, tmp_path):
   assert hashes(run) == before
 
 
+def _without_jax_imported(stderr: str) -> list[str]:
+  """The lines of a job's stderr run with PYTHONPROFILEIMPORTTIME, asserting its imports (the
+  'import time:' lines) hold no jax; the other lines."""
+  imports = [line for line in stderr.splitlines() if line.startswith("import time:")]
+  assert imports and not any(re.search(r"\|\s+jax$", line) for line in imports)
+  return [line for line in stderr.splitlines() if not line.startswith("import time:")]
+
+
 def test_an_auto_distributed_process_refuses_a_folder_in_use_before_importing_jax(tmp_path):
   """Under --auto-distributed (the SLURM and TPU scripts) no process knows its index before
   jax joins them, and only process 0 checked the folder at once: each went on to import jax
@@ -595,12 +603,10 @@ def test_an_auto_distributed_process_refuses_a_folder_in_use_before_importing_ja
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT)
   finally:
     held.release()
-  lines = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
-  imports = [line for line in result.stderr.splitlines() if line.startswith("import time:")]
+  lines = _without_jax_imported(result.stderr)
   assert result.returncode == 2, result.stderr[-2000:]
   assert len(lines) == 1 and lines[0].startswith(f"error: --out {out} is in use by another run"
                                                    f" (host "), lines
-  assert imports and not any(re.search(r"\|\s+jax$", line) for line in imports)
 
 
 @pytest.mark.parametrize("resume", [[], ["--resume"]], ids=["fresh", "resume"])
@@ -653,9 +659,7 @@ def test_two_jobs_started_together_on_one_out(tmp_path):
   codes = sorted(proc.returncode for proc in jobs)
   assert codes == [0, 2], (codes, [err[-2000:] for _, err in said])
   winner, refused = (0, 1) if jobs[0].returncode == 0 else (1, 0)
-  imports = [line for line in said[refused][1].splitlines() if line.startswith("import time:")]
-  lines = [line for line in said[refused][1].splitlines() if not line.startswith("import time:")]
-  assert imports and not any(re.search(r"\|\s+jax$", line) for line in imports)
+  lines = _without_jax_imported(said[refused][1])
   assert len(lines) == 1 and lines[0].startswith(f"error: --out {out} is in use by another run"
                                                    f" (host "), lines
   assert f"pid {jobs[winner].pid}" in lines[0]

@@ -14,9 +14,9 @@ typed with given specs on it; ``shard_shape`` is the shape of one device's
 piece of an array as its type or its placement lays it out (its global shape
 when nothing does: traced on an Auto mesh, no mesh, one device) and
 ``finest_shard_shape`` the shortest piece of each dimension on any mesh of
-as many devices that splits the same dimensions; ``whole`` gathers an array an operation needs unsplit (an SVD)
-where Explicit axes split it, and ``laid_out_like`` puts a result back in
-the layout of the state it replaces.
+as many devices that splits the same dimensions; ``whole`` gathers an array
+an operation needs unsplit (an SVD) where Explicit axes split it, and
+``laid_out_like`` puts a result back in the layout of the state it replaces.
 """
 
 import math
