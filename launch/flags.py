@@ -4,11 +4,11 @@ step the restore starts from: ``run_contents.saved_config``), then a --config fi
 the command line. No jax imported (the resolved --cpu-devices must be set
 first).
 
-A resume finds its run as the job will (--checkpoint-dir, else --out's
-``checkpoints``, else the newest resumable ``runs/lm-*``, whose folder then
-becomes --out) and takes back what ``run_config.inherited`` keeps; flags
-given again are compared with the saved ones when the checkpoint is restored
-(``resume.check_config``).
+A resume finds its run as the job will (--checkpoint-dir, else where --out's run
+keeps its checkpoints: ``run_contents.checkpoints_of``, else the newest resumable
+``runs/lm-*``, whose folder then becomes --out) and takes back what
+``run_config.inherited`` keeps; flags given again are compared with the saved ones
+when the checkpoint is restored (``resume.check_config``).
 """
 
 import argparse
@@ -32,7 +32,7 @@ def _resumed_run(given: dict) -> tuple[dict, list]:
       found["out"] = str(run_contents.newest_resumable())
     except cli.UsageError:
       return {}, []
-  checkpoint_dir = given.get("checkpoint_dir") or run_contents.checkpoints_in(
+  checkpoint_dir = given.get("checkpoint_dir") or run_contents.checkpoints_of(
       given.get("out") or found["out"])
   saved = run_contents.saved_config(checkpoint_dir)
   if saved:

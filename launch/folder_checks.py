@@ -30,7 +30,8 @@ def _check_contents(args: argparse.Namespace, steps: list[int]) -> None:
   """Raises UsageError when the folder does not fit --resume (read only)."""
   is_run = args.out is not None  # a run folder, not a bare --checkpoint-dir
   holder = args.out if is_run else args.checkpoint_dir  # named in messages
-  apart = is_run and not _inside(args.checkpoint_dir, args.out)  # --checkpoint-dir elsewhere
+  # --checkpoint-dir elsewhere:
+  apart = is_run and not run_contents.inside(args.checkpoint_dir, args.out)
   if args.resume == "required" and not steps:
     found = (f"--checkpoint-dir"
              f" {run_contents.describe(args.checkpoint_dir, args.checkpoint_dir, False)}"
@@ -60,11 +61,19 @@ def _refuse_another_runs_folder(args: argparse.Namespace, steps: list[int]) -> N
                      " it, or choose another --out to start afresh")
   saved = run_contents.saved_config(args.checkpoint_dir) if steps and records else None
   run_out = saved and saved[0].get("out")
-  if isinstance(run_out, str) and os.path.realpath(run_out) != os.path.realpath(args.out):
+  if (isinstance(run_out, str) and os.path.realpath(run_out) != os.path.realpath(args.out)
+      and not _records(args.out, args.checkpoint_dir)):
     raise UsageError(f"--resume: --out {run_contents.describe(args.out)} holds the metrics of"
                      f" another run than the checkpoints in --checkpoint-dir"
                      f" {args.checkpoint_dir} (written by the run in {run_out}): pass --out"
                      f" {run_out}, or a new folder, to continue that run without mixing the two")
+
+
+def _records(out: str, checkpoint_dir: str) -> bool:
+  """Whether the run in ``out`` recorded ``checkpoint_dir`` as its checkpoint folder
+  (``run_contents.record_checkpoint_dir``): ``out`` is then that run's folder, moved."""
+  recorded = run_contents.recorded_checkpoint_dir(out)
+  return recorded is not None and recorded == run_contents.as_recorded(checkpoint_dir)
 
 
 def check_fits(args: argparse.Namespace, steps: list[int], own=(), locks: bool = True) -> None:
@@ -94,15 +103,9 @@ def folders_to_lock(args: argparse.Namespace) -> list[tuple[str, str, str | None
   file)."""
   named, fix = _out_named(args)
   triples = [(named, args.out, fix)]
-  if "://" not in args.checkpoint_dir and not _inside(args.checkpoint_dir, args.out):
+  if "://" not in args.checkpoint_dir and not run_contents.inside(args.checkpoint_dir, args.out):
     triples.append(("--checkpoint-dir", args.checkpoint_dir, None))
   return triples
-
-
-def _inside(checkpoint_dir: str, out: str) -> bool:
-  """Whether ``checkpoint_dir`` is ``out`` or lies under it (``out``'s lock covers it)."""
-  checkpoint_dir, out = os.path.abspath(checkpoint_dir), os.path.abspath(out)
-  return checkpoint_dir == out or checkpoint_dir.startswith(out + os.sep)
 
 
 def refuse_if_in_use(args: argparse.Namespace, own=()) -> None:
@@ -114,6 +117,6 @@ def refuse_if_in_use(args: argparse.Namespace, own=()) -> None:
   else:
     named, fix = _out_named(args)
     run_lock.refuse_if_held(named, args.out, own, fix)
-    if args.checkpoint_dir and _inside(args.checkpoint_dir, args.out):
+    if args.checkpoint_dir and run_contents.inside(args.checkpoint_dir, args.out):
       return  # --out's check covered it (a lock taken between the two was named --checkpoint-dir)
   run_lock.refuse_if_held("--checkpoint-dir", args.checkpoint_dir, own)

@@ -1,5 +1,7 @@
 """What run folders hold, read without changing them: a checkpoint folder's steps, a run's
-metrics records, the flags saved with its newest step, which run to resume.
+metrics records, the flags saved with its newest step, where a run keeps its checkpoints,
+which run to resume; and the one note a run writes about its folders: where its checkpoints
+are when they lie outside its folder (``record_checkpoint_dir``).
 
 Nothing here imports jax or orbax, so the local launcher and the flags
 (launch/flags.py) can use it. A step of a checkpoint folder is finalized when
@@ -16,17 +18,64 @@ from etils import epath
 from checkpoints import digest
 from launch.errors import UsageError
 
-__all__ = ["LOGS", "RUNS", "checkpoints_in", "contents", "describe", "finalized_steps", "metrics_records",
-           "newest_resumable", "saved_config", "unfinished_saves"]
+__all__ = ["CHECKPOINT_DIR_RECORD", "LOGS", "RUNS", "as_recorded", "checkpoints_in",
+           "checkpoints_of", "contents", "describe", "finalized_steps", "inside",
+           "metrics_records", "newest_resumable", "record_checkpoint_dir",
+           "recorded_checkpoint_dir", "saved_config", "unfinished_saves"]
 
 RUNS = pathlib.Path("runs")
 LOGS = ("metrics.jsonl", "samples.jsonl")  # a run's own log files: set aside by a fresh start
+# In a run folder whose checkpoints lie elsewhere: their folder (``record_checkpoint_dir``).
+CHECKPOINT_DIR_RECORD = "checkpoint_dir.txt"
 
 
 def checkpoints_in(out) -> str:
   """Where a run whose folder is ``out`` keeps its checkpoints unless --checkpoint-dir says
   otherwise: ``out/checkpoints``."""
   return os.path.join(os.fspath(out), "checkpoints")
+
+
+def inside(checkpoint_dir: str, out) -> bool:
+  """Whether the local folder ``checkpoint_dir`` is ``out`` or lies under it."""
+  checkpoint_dir, out = os.path.abspath(checkpoint_dir), os.path.abspath(out)
+  return checkpoint_dir == out or checkpoint_dir.startswith(out + os.sep)
+
+
+def recorded_checkpoint_dir(out) -> str | None:
+  """The checkpoint folder the run in ``out`` recorded (``record_checkpoint_dir``), or None."""
+  try:
+    return (pathlib.Path(out) / CHECKPOINT_DIR_RECORD).read_text().strip() or None
+  except (OSError, UnicodeDecodeError):
+    return None
+
+
+def checkpoints_of(out) -> str:
+  """Where the run in ``out`` keeps its checkpoints: the folder outside ``out`` it recorded
+  (a run given --checkpoint-dir elsewhere), else ``checkpoints_in(out)``."""
+  return recorded_checkpoint_dir(out) or checkpoints_in(out)
+
+
+def as_recorded(checkpoint_dir: str) -> str:
+  """``checkpoint_dir`` as a run folder records it: a local path absolute with symbolic links
+  resolved, a URL (gs://...) as it is."""
+  return checkpoint_dir if "://" in checkpoint_dir else os.path.realpath(checkpoint_dir)
+
+
+def record_checkpoint_dir(out, checkpoint_dir: str) -> None:
+  """Notes in the run folder ``out`` where its checkpoints are when that is outside it
+  (``as_recorded``), so a --resume naming only ``out`` finds them, also after ``out`` is
+  moved; removes the note when they are inside. Written whole or not at all (a new file
+  renamed over the old)."""
+  path = pathlib.Path(out) / CHECKPOINT_DIR_RECORD
+  if "://" not in checkpoint_dir and inside(checkpoint_dir, out):
+    path.unlink(missing_ok=True)
+    return
+  where = as_recorded(checkpoint_dir)
+  if recorded_checkpoint_dir(out) == where:
+    return
+  draft = path.with_name(f".{path.name}.{os.getpid()}")
+  draft.write_text(where + "\n")
+  os.replace(draft, path)
 
 
 def finalized_steps(checkpoint_dir) -> list[int]:
@@ -85,20 +134,20 @@ def describe(folder, checkpoint_dir=None, run_folder: bool = True) -> str:
   """What a run folder (or, not ``run_folder``, a bare --checkpoint-dir)
   holds, in a few words (for error messages)."""
   folder = pathlib.Path(folder)
-  checkpoint_dir = checkpoints_in(folder) if checkpoint_dir is None else checkpoint_dir
+  checkpoint_dir = checkpoints_of(folder) if checkpoint_dir is None else checkpoint_dir
   if not folder.exists() and not epath.Path(checkpoint_dir).exists():
     return f"{folder} (does not exist)"
   return f"{folder} ({contents(folder, checkpoint_dir, run_folder)})"
 
 
 def newest_resumable(root: pathlib.Path = RUNS) -> pathlib.Path:
-  """The newest ``root/lm-*`` folder holding a finalized checkpoint.
+  """The newest ``root/lm-*`` folder whose run has a finalized checkpoint (``checkpoints_of``).
 
   Raises UsageError listing every run folder found when none has one.
   """
   folders = sorted(p for p in root.glob("lm-*") if p.is_dir())  # names start with the time
   for folder in reversed(folders):
-    if finalized_steps(checkpoints_in(folder)):
+    if finalized_steps(checkpoints_of(folder)):
       return folder
   found = "; ".join(describe(f) for f in folders) if folders else f"no {root}/lm-* folders"
   raise UsageError(f"--resume: nothing to resume in {os.path.abspath(root)}: found {found}."

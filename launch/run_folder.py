@@ -64,7 +64,7 @@ def _resolve_default_out(args: argparse.Namespace) -> tuple[bool, str | None, li
   if args.resume:
     try:
       args.out = str(run_contents.newest_resumable())
-      args.checkpoint_dir = run_contents.checkpoints_in(args.out)
+      args.checkpoint_dir = run_contents.checkpoints_of(args.out)
       args.out_is_newest_run = True
       return True, None, []
     except UsageError:
@@ -107,7 +107,7 @@ def _claim_given(args: argparse.Namespace, is_main: bool) -> list[str]:
   run holds is in use, whatever it holds), then, with --checkpoint-dir alone, creates a new
   run folder (``claim_new``); the folders created."""
   if args.checkpoint_dir is None:
-    args.checkpoint_dir = run_contents.checkpoints_in(args.out)
+    args.checkpoint_dir = run_contents.checkpoints_of(args.out)
   if args.out is not None:
     folder_checks.check_writable("--out", args.out)
   folder_checks.check_writable("--checkpoint-dir", args.checkpoint_dir)

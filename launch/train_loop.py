@@ -110,8 +110,10 @@ def _train(args, mesh, step_fn, evaluation, initial, manager, guard, config, sto
       params, opt_state, loss, norms = train_step(params, opt_state, batch(step))
       stats = steps.stats(loss, norms)
       step += 1
-      if not claim.trained:  # the run's logs change only once it has a step to write
+      if not claim.trained:  # the run's folder changes only once it has a step to write
         _trim_logs(out, start, is_main)
+        if is_main:
+          run_contents.record_checkpoint_dir(out, args.checkpoint_dir)
         claim.trained = True
       profile.after(step, stats)
       pending.append((step, stats, *guard.per_step(opt_state)))

@@ -312,6 +312,48 @@ def test_resume_takes_the_saved_flags(tmp_path, capsys):
   assert error.startswith("error: --resume: the flags differ") and "--lr 0.01 -> 0.02" in error
 
 
+def test_a_resume_finds_checkpoints_kept_outside_the_run_folder(tmp_path, capsys):
+  """A run given --checkpoint-dir elsewhere records that folder in its own: a resume naming only
+  --out continues from those checkpoints, also after the run folder was moved (a resume
+  without the flag found none, 'nothing to resume'; a moved folder was refused as holding
+  another run's metrics)."""
+  out, elsewhere = tmp_path / "run", tmp_path / "store" / "ck"
+  assert train.main([*h.TINY, "--cpu-devices", "0", "--out", str(out), "--checkpoint-dir",
+                     str(elsewhere), "--steps", "4", "--checkpoint-every", "2",
+                     "--eval-every", "0"]) == 0
+  assert not (out / "checkpoints").exists()
+  assert (out / run_contents.CHECKPOINT_DIR_RECORD).read_text() == f"{elsewhere}\n"
+  capsys.readouterr()
+  assert train.main(["--cpu-devices", "0", "--out", str(out), "--resume", "--steps", "6"]) == 0
+  assert f"resumed from step 4 ({elsewhere})" in capsys.readouterr().out
+  moved = tmp_path / "moved"
+  out.rename(moved)
+  assert train.main(["--cpu-devices", "0", "--out", str(moved), "--resume", "--steps", "8"]) == 0
+  printed = capsys.readouterr().out
+  assert f"resumed from step 6 ({elsewhere})" in printed
+  assert f"--out {out} -> {moved}" in printed
+  assert [r["step"] for r in report.read_metrics(moved / "metrics.jsonl")] == list(range(1, 9))
+  assert h.checkpoint_steps(elsewhere)[-1] == 8
+
+
+def test_a_run_folder_records_only_checkpoints_outside_it(tmp_path, monkeypatch):
+  """The note names a local folder absolute with links resolved, a URL as given; checkpoints
+  moved back inside remove it; a resume without --out finds the newest run through it."""
+  out = tmp_path / "runs" / "lm-1"
+  out.mkdir(parents=True)
+  (tmp_path / "link").symlink_to(tmp_path / "store", target_is_directory=True)
+  monkeypatch.chdir(tmp_path)
+  run_contents.record_checkpoint_dir(out, "link/ck")
+  assert run_contents.checkpoints_of(out) == str(tmp_path.resolve() / "store" / "ck")
+  (tmp_path / "store" / "ck" / "3").mkdir(parents=True)
+  assert run_contents.newest_resumable() == pathlib.Path("runs/lm-1")
+  run_contents.record_checkpoint_dir(out, "gs://bucket/ck")
+  assert run_contents.checkpoints_of(out) == "gs://bucket/ck"
+  run_contents.record_checkpoint_dir(out, str(out / "checkpoints"))
+  assert not (out / run_contents.CHECKPOINT_DIR_RECORD).exists()
+  assert run_contents.checkpoints_of(out) == run_contents.checkpoints_in(out)
+
+
 def _benchmark_bests() -> dict:
   """optimizer -> best lr, from the committed results' table of bests."""
   text = RESULTS.read_text().split("## Best learning rate of each", 1)[1].split("##", 1)[0]
