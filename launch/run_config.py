@@ -112,7 +112,12 @@ def _same(name: str, old, new) -> bool:
 
 
 def _show(value) -> str:
-  return "(unset)" if value is None else json.dumps(value) if isinstance(value, list) else str(value)
+  """A flag's value as the command line writes it: --opt's keywords as ``NAME=NUMBER``."""
+  if value is None:
+    return "(unset)"
+  if isinstance(value, list):  # --opt's (name, number) pairs
+    return ",".join(f"{name}={number}" for name, number in value) or "(none)"
+  return str(value)
 
 
 def describe_changes(refused: list[str], where: str) -> str:
