@@ -1,7 +1,8 @@
 """8-bit and 4-bit optimizer state against float32 state, sharded.
 
 For each optimizer, float32 state against ``shardopt.quantized_state`` (8 and
-4 bits, tiles fitted to the params' shardings and the ZeRO axis), each with
+4 bits, its default ``block_layout="portable"``: where they can, blocks that
+fit every mesh of the device count), each with
 both code families of ``quantized_state(..., code=)``: ``dynamic``
 (Dettmers et al.) and ``companded`` (FlashOptim), on:
 
@@ -467,8 +468,9 @@ def write_results(command, args, results, status) -> None:
       *([f"Status: {status}.", ""] if status else []),
       (f"Command: `{command.strip()}` (from the repository root; CPU, 8 simulated"
        f" devices, jax {jax.__version__}). Quantized state: `shardopt.quantized_state`"
-       " with its default block sizes (256 at 8 bits, 128 at 4 bits), tiles fitted"
-       " to the params' shardings and the ZeRO axis, and each code family"
+       " with its default block sizes (256 at 8 bits, 128 at 4 bits) and its"
+       " default `block_layout=\"portable\"` (where they can, blocks that fit every"
+       " mesh of the device count), and each code family"
        " (`code=\"dynamic\"`: Dettmers et al.'s dynamic code, at 4 bits Li et al.'s"
        " linear zero-free code of the root for second moments; `code=\"companded\"`:"
        " FlashOptim's companded `2x / (1 + |x|)` for signed moments, a zero-free"

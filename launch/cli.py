@@ -117,7 +117,8 @@ def _add_optimizer(p) -> None:
                  help="clip updates by global norm first; 0 turns it off")
   g.add_argument("--state-bits", type=int, choices=(8, 4), default=None,
                  help="store the optimizer's moments block-wise quantized in 8 or 4"
-                 " bits (shardopt.quantized_state, blocks fitted to the shards)")
+                 " bits (shardopt.quantized_state; its default portable blocks fit,"
+                 " where they can, every mesh of the device count)")
   g.add_argument("--param-dtype", choices=("float32", "bfloat16"), default="float32",
                  help="the params' dtype, the one the model computes in; bfloat16 trains"
                  " against a float32 master weight kept as a correction in the optimizer"
