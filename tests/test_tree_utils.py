@@ -262,3 +262,14 @@ def test_deprecated_names_warn_and_match_optax(name, args):
 def test_an_unknown_name_is_still_an_attribute_error():
   with pytest.raises(AttributeError, match="tree_l3_norm"):
     tree_utils.tree_l3_norm  # pylint: disable=pointless-statement
+
+
+def test_tree_add_counts_boolean_leaves_as_optax_does():
+  """Boolean leaves add as counts, int32, as optax's sum from 0 (they were or-ed: [True, False])."""
+  flags = {"a": jnp.array([True, False]), "b": jnp.float16(1.5)}
+  for trees in ((flags, flags), (flags, flags, flags)):
+    ours, theirs = shardopt.tree_utils.tree_add(*trees), optax.tree_utils.tree_add(*trees)
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
+      assert a.dtype == b.dtype
+      np.testing.assert_array_equal(a, b)
+  assert shardopt.tree_utils.tree_add(flags, flags)["a"].tolist() == [2, 0]

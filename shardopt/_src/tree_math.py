@@ -85,9 +85,9 @@ def tree_cast_like(tree: Any, other_tree: Any) -> Any:
 
 
 def tree_add(tree_x: Any, tree_y: Any, *other_trees: Any) -> Any:
-  """Leafwise sum of two or more trees of one structure."""
-  return jax.tree.map(lambda *leaves: sum(leaves[1:], leaves[0]),
-                      tree_x, tree_y, *other_trees)
+  """Leafwise sum of two or more trees of one structure (from 0, as Python's
+  ``sum``: boolean leaves count, as optax's do)."""
+  return jax.tree.map(lambda *leaves: sum(leaves), tree_x, tree_y, *other_trees)
 
 
 def tree_sub(tree_x: Any, tree_y: Any) -> Any:
