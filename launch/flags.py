@@ -12,6 +12,7 @@ when the checkpoint is restored (``resume.check_config``).
 """
 
 import argparse
+import os
 
 from launch import cli
 from launch import path_checks
@@ -22,24 +23,43 @@ __all__ = ["given_flags", "resolve"]
 
 
 def _resumed_run(given: dict) -> tuple[dict, list]:
-  """The flags saved with the run a --resume continues, and --out when it is
-  the newest resumable run ({} when none is found: ``run_folder.prepare``
-  then reports it, or --resume auto starts fresh); and the names of the
-  flags that run was given (saved with it since they are: else none)."""
+  """The flags saved with the run a --resume continues, with --out when it is
+  the newest resumable run and --checkpoint-dir where the run recorded one
+  ({} when none is found: ``run_folder.prepare`` then reports it, or --resume
+  auto starts fresh); and the names of the flags that run was given (saved
+  with it since they are: else none)."""
   found = {}
   if given.get("checkpoint_dir") is None and given.get("out") is None:
     try:
       found["out"] = str(run_contents.newest_resumable())
     except cli.UsageError:
       return {}, []
-  checkpoint_dir = given.get("checkpoint_dir") or run_contents.checkpoints_of(
-      given.get("out") or found["out"])
+  checkpoint_dir = given.get("checkpoint_dir")
+  if checkpoint_dir is None:
+    out = given.get("out") or found["out"]
+    checkpoint_dir = _recorded_checkpoints(out)
+    if checkpoint_dir != run_contents.checkpoints_in(out):
+      found["checkpoint_dir"] = checkpoint_dir
   saved = run_contents.saved_config(checkpoint_dir)
   if saved:
     _refuse_changes(saved[0], given, f"{checkpoint_dir} (step {saved[1]})")
   if not saved:
     return found, []
   return {**run_config.inherited(saved[0]), **found}, saved[0].get("given", [])
+
+
+def _recorded_checkpoints(out: str) -> str:
+  """Where the run in ``out`` keeps its checkpoints (``run_contents.checkpoints_of``), a folder
+  it recorded checked as a given --checkpoint-dir is (``path_checks.check_paths``), a
+  failure naming the record."""
+  checkpoint_dir = run_contents.checkpoints_of(out)
+  if checkpoint_dir != run_contents.checkpoints_in(out):  # recorded
+    try:
+      path_checks.check_paths({"checkpoint_dir": checkpoint_dir, "resume": True})
+    except cli.UsageError as e:
+      record = os.path.join(out, run_contents.CHECKPOINT_DIR_RECORD)
+      raise cli.UsageError(f"{record} (the run's checkpoint folder, recorded): {e}") from None
+  return checkpoint_dir
 
 
 def _refuse_changes(saved: dict, given: dict, where: str) -> None:

@@ -32,6 +32,8 @@ def _check_contents(args: argparse.Namespace, steps: list[int]) -> None:
   holder = args.out if is_run else args.checkpoint_dir  # named in messages
   # --checkpoint-dir elsewhere:
   apart = is_run and not run_contents.inside(args.checkpoint_dir, args.out)
+  if args.resume and not steps and is_run:
+    _refuse_a_recorded_folder_gone(args)
   if args.resume == "required" and not steps:
     found = (f"--checkpoint-dir"
              f" {run_contents.describe(args.checkpoint_dir, args.checkpoint_dir, False)}"
@@ -48,32 +50,54 @@ def _check_contents(args: argparse.Namespace, steps: list[int]) -> None:
                      " --out or --checkpoint-dir to start afresh")
 
 
+def _refuse_a_recorded_folder_gone(args: argparse.Namespace) -> None:
+  """Raises UsageError when a resume's checkpoint folder is the one --out's run recorded
+  (``run_contents.record_checkpoint_dir``) and it is gone: moved or deleted, not a run
+  that never saved (the job creates the folder before its first step)."""
+  recorded = run_contents.recorded_checkpoint_dir(args.out)
+  if (recorded is not None and "://" not in recorded and not os.path.exists(recorded)
+      and run_contents.same_folder(recorded, args.checkpoint_dir)):
+    record = os.path.join(args.out, run_contents.CHECKPOINT_DIR_RECORD)
+    raise UsageError(f"--resume: the run in {args.out} keeps its checkpoints in {recorded}"
+                     f" ({record}), which does not exist: pass --checkpoint-dir naming where"
+                     " they are now, or another --out to start afresh")
+
+
 def _refuse_another_runs_folder(args: argparse.Namespace, steps: list[int]) -> None:
   """Raises UsageError when --out holds another run than the --checkpoint-dir (elsewhere) a
   --resume continues or, with --resume auto, starts afresh in: runs told apart by what they
-  record, --out's own checkpoints and the folder the checkpoints' run saved as its --out."""
-  own = run_contents.finalized_steps(run_contents.checkpoints_in(args.out))
+  record, --out's own checkpoints (in ``checkpoints_in`` or the folder it recorded) and the
+  folder the checkpoints' run saved as its --out."""
+  homes = {run_contents.checkpoints_in(args.out), run_contents.checkpoints_of(args.out)}
+  own = [home for home in sorted(homes) if run_contents.finalized_steps(home)
+         and not run_contents.same_folder(home, args.checkpoint_dir)]
   records = run_contents.metrics_records(args.out)
   if not steps and own:
     raise UsageError(f"--resume auto: --out {run_contents.describe(args.out)} holds a run, and"
                      f" --checkpoint-dir {args.checkpoint_dir} holds no checkpoint to continue it:"
-                     f" pass --checkpoint-dir {run_contents.checkpoints_in(args.out)} to continue"
-                     " it, or choose another --out to start afresh")
+                     f" pass --checkpoint-dir {own[0]} to continue it, or choose another --out"
+                     " to start afresh")
   saved = run_contents.saved_config(args.checkpoint_dir) if steps and records else None
   run_out = saved and saved[0].get("out")
   if (isinstance(run_out, str) and os.path.realpath(run_out) != os.path.realpath(args.out)
-      and not _records(args.out, args.checkpoint_dir)):
+      and not _moved_here(args.out, args.checkpoint_dir, run_out)):
     raise UsageError(f"--resume: --out {run_contents.describe(args.out)} holds the metrics of"
                      f" another run than the checkpoints in --checkpoint-dir"
                      f" {args.checkpoint_dir} (written by the run in {run_out}): pass --out"
                      f" {run_out}, or a new folder, to continue that run without mixing the two")
 
 
-def _records(out: str, checkpoint_dir: str) -> bool:
-  """Whether the run in ``out`` recorded ``checkpoint_dir`` as its checkpoint folder
-  (``run_contents.record_checkpoint_dir``): ``out`` is then that run's folder, moved."""
-  recorded = run_contents.recorded_checkpoint_dir(out)
-  return recorded is not None and recorded == run_contents.as_recorded(checkpoint_dir)
+def _moved_here(out: str, checkpoint_dir: str, run_out: str) -> bool:
+  """Whether ``out`` is the run folder the checkpoints' run saved as ``run_out``, moved: ``out``
+  records ``checkpoint_dir`` as its checkpoint folder and ``run_out`` does not (it is gone,
+  or its run records another folder)."""
+  def records(folder):
+    try:
+      recorded = run_contents.recorded_checkpoint_dir(folder)
+    except UsageError:  # an unreadable record names no folder
+      return False
+    return recorded is not None and run_contents.same_folder(recorded, checkpoint_dir)
+  return records(out) and not records(run_out)
 
 
 def check_fits(args: argparse.Namespace, steps: list[int], own=(), locks: bool = True) -> None:

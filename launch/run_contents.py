@@ -18,10 +18,10 @@ from etils import epath
 from checkpoints import digest
 from launch.errors import UsageError
 
-__all__ = ["CHECKPOINT_DIR_RECORD", "LOGS", "RUNS", "as_recorded", "checkpoints_in",
-           "checkpoints_of", "contents", "describe", "finalized_steps", "inside",
-           "metrics_records", "newest_resumable", "record_checkpoint_dir",
-           "recorded_checkpoint_dir", "saved_config", "unfinished_saves"]
+__all__ = ["CHECKPOINT_DIR_RECORD", "LOGS", "RUNS", "checkpoints_in", "checkpoints_of",
+           "contents", "describe", "finalized_steps", "inside", "metrics_records",
+           "newest_resumable", "record_checkpoint_dir", "recorded_checkpoint_dir",
+           "same_folder", "saved_config", "unfinished_saves"]
 
 RUNS = pathlib.Path("runs")
 LOGS = ("metrics.jsonl", "samples.jsonl")  # a run's own log files: set aside by a fresh start
@@ -36,46 +36,67 @@ def checkpoints_in(out) -> str:
 
 
 def inside(checkpoint_dir: str, out) -> bool:
-  """Whether the local folder ``checkpoint_dir`` is ``out`` or lies under it."""
-  checkpoint_dir, out = os.path.abspath(checkpoint_dir), os.path.abspath(out)
+  """Whether the local folder ``checkpoint_dir`` is ``out`` or lies under it, symbolic links
+  resolved."""
+  checkpoint_dir, out = os.path.realpath(checkpoint_dir), os.path.realpath(out)
   return checkpoint_dir == out or checkpoint_dir.startswith(out + os.sep)
 
 
+def same_folder(a: str, b: str) -> bool:
+  """Whether two checkpoint folders are one: URLs as written, local paths resolved."""
+  if "://" in a or "://" in b:
+    return a == b
+  return os.path.realpath(a) == os.path.realpath(b)
+
+
 def recorded_checkpoint_dir(out) -> str | None:
-  """The checkpoint folder the run in ``out`` recorded (``record_checkpoint_dir``), or None."""
+  """The checkpoint folder the run in ``out`` recorded (``record_checkpoint_dir``): a URL or
+  absolute path as recorded, a relative one under ``out``; None where there is no record.
+  Raises UsageError naming the record where it is not one line holding a path."""
+  record = pathlib.Path(out) / CHECKPOINT_DIR_RECORD
   try:
-    return (pathlib.Path(out) / CHECKPOINT_DIR_RECORD).read_text().strip() or None
-  except (OSError, UnicodeDecodeError):
+    text = record.read_text()
+  except FileNotFoundError:
     return None
+  except (OSError, UnicodeDecodeError) as e:
+    raise UsageError(f"{record}: cannot read it ({getattr(e, 'strerror', None) or e}); the"
+                     " run records its checkpoint folder there: remove it, or pass"
+                     " --checkpoint-dir naming the run's checkpoints") from None
+  where = text[:-1] if text.endswith("\n") else ""
+  if not where.strip() or not where.isprintable():
+    raise UsageError(f"{record}: not a checkpoint folder's path (one line: the run records its"
+                     " checkpoint folder there); remove it, or pass --checkpoint-dir naming the"
+                     " run's checkpoints")
+  return where if "://" in where or os.path.isabs(where) else os.path.join(out, where)
 
 
 def checkpoints_of(out) -> str:
-  """Where the run in ``out`` keeps its checkpoints: the folder outside ``out`` it recorded
-  (a run given --checkpoint-dir elsewhere), else ``checkpoints_in(out)``."""
+  """Where the run in ``out`` keeps its checkpoints: the folder it recorded (a run given
+  --checkpoint-dir), else ``checkpoints_in(out)``."""
   return recorded_checkpoint_dir(out) or checkpoints_in(out)
 
 
-def as_recorded(checkpoint_dir: str) -> str:
-  """``checkpoint_dir`` as a run folder records it: a local path absolute with symbolic links
-  resolved, a URL (gs://...) as it is."""
-  return checkpoint_dir if "://" in checkpoint_dir else os.path.realpath(checkpoint_dir)
-
-
 def record_checkpoint_dir(out, checkpoint_dir: str) -> None:
-  """Notes in the run folder ``out`` where its checkpoints are when that is outside it
-  (``as_recorded``), so a --resume naming only ``out`` finds them, also after ``out`` is
-  moved; removes the note when they are inside. Written whole or not at all (a new file
-  renamed over the old)."""
+  """Notes in the run folder ``out`` where its checkpoints are, unless at the default
+  ``checkpoints_in(out)`` (then removes the note), so a --resume naming only ``out`` finds
+  them, also after ``out`` is moved: a folder inside ``out`` relative to it, any other local
+  folder absolute with symbolic links resolved, a URL as written. Written whole or not at
+  all (a new file renamed over the old)."""
   path = pathlib.Path(out) / CHECKPOINT_DIR_RECORD
-  if "://" not in checkpoint_dir and inside(checkpoint_dir, out):
+  where = checkpoint_dir
+  if "://" not in checkpoint_dir:
+    where = os.path.realpath(checkpoint_dir)
+    if inside(checkpoint_dir, out):
+      where = os.path.relpath(where, os.path.realpath(out))
+  if where == os.path.basename(checkpoints_in(out)) and "://" not in checkpoint_dir:
     path.unlink(missing_ok=True)
     return
-  where = as_recorded(checkpoint_dir)
-  if recorded_checkpoint_dir(out) == where:
-    return
   draft = path.with_name(f".{path.name}.{os.getpid()}")
-  draft.write_text(where + "\n")
-  os.replace(draft, path)
+  try:
+    draft.write_text(where + "\n")
+    os.replace(draft, path)
+  finally:
+    draft.unlink(missing_ok=True)
 
 
 def finalized_steps(checkpoint_dir) -> list[int]:
@@ -134,7 +155,11 @@ def describe(folder, checkpoint_dir=None, run_folder: bool = True) -> str:
   """What a run folder (or, not ``run_folder``, a bare --checkpoint-dir)
   holds, in a few words (for error messages)."""
   folder = pathlib.Path(folder)
-  checkpoint_dir = checkpoints_of(folder) if checkpoint_dir is None else checkpoint_dir
+  if checkpoint_dir is None:
+    try:
+      checkpoint_dir = checkpoints_of(folder)
+    except UsageError:  # an unreadable record: described by what the folder itself holds
+      checkpoint_dir = checkpoints_in(folder)
   if not folder.exists() and not epath.Path(checkpoint_dir).exists():
     return f"{folder} (does not exist)"
   return f"{folder} ({contents(folder, checkpoint_dir, run_folder)})"

@@ -106,8 +106,9 @@ def _claim_given(args: argparse.Namespace, is_main: bool) -> list[str]:
   """Checks the folders given against the arguments (read only; ``is_main``: a folder a live
   run holds is in use, whatever it holds), then, with --checkpoint-dir alone, creates a new
   run folder (``claim_new``); the folders created."""
-  if args.checkpoint_dir is None:
-    args.checkpoint_dir = run_contents.checkpoints_of(args.out)
+  if args.checkpoint_dir is None:  # a resume continues where the run recorded its checkpoints
+    args.checkpoint_dir = (run_contents.checkpoints_of if args.resume
+                           else run_contents.checkpoints_in)(args.out)
   if args.out is not None:
     folder_checks.check_writable("--out", args.out)
   folder_checks.check_writable("--checkpoint-dir", args.checkpoint_dir)

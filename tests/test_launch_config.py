@@ -312,34 +312,75 @@ def test_resume_takes_the_saved_flags(tmp_path, capsys):
   assert error.startswith("error: --resume: the flags differ") and "--lr 0.01 -> 0.02" in error
 
 
+def _tiny_run(out, *flags) -> int:
+  return train.main([*h.TINY, "--cpu-devices", "0", "--out", str(out), "--steps", "2",
+                     "--checkpoint-every", "2", "--eval-every", "0", *flags])
+
+
+def _one_error_line(capsys) -> str:
+  lines = capsys.readouterr().err.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: "), lines
+  return lines[0]
+
+
 def test_a_resume_finds_checkpoints_kept_outside_the_run_folder(tmp_path, capsys):
   """A run given --checkpoint-dir elsewhere records that folder in its own: a resume naming only
   --out continues from those checkpoints, also after the run folder was moved (a resume
   without the flag found none, 'nothing to resume'; a moved folder was refused as holding
   another run's metrics)."""
   out, elsewhere = tmp_path / "run", tmp_path / "store" / "ck"
-  assert train.main([*h.TINY, "--cpu-devices", "0", "--out", str(out), "--checkpoint-dir",
-                     str(elsewhere), "--steps", "4", "--checkpoint-every", "2",
-                     "--eval-every", "0"]) == 0
+  assert _tiny_run(out, "--steps", "4", "--checkpoint-dir", str(elsewhere)) == 0
   assert not (out / "checkpoints").exists()
-  assert (out / run_contents.CHECKPOINT_DIR_RECORD).read_text() == f"{elsewhere}\n"
+  record = out / run_contents.CHECKPOINT_DIR_RECORD
+  assert record.read_text() == f"{os.path.realpath(elsewhere)}\n"
   capsys.readouterr()
   assert train.main(["--cpu-devices", "0", "--out", str(out), "--resume", "--steps", "6"]) == 0
-  assert f"resumed from step 4 ({elsewhere})" in capsys.readouterr().out
+  assert f"resumed from step 4 ({os.path.realpath(elsewhere)})" in capsys.readouterr().out
   moved = tmp_path / "moved"
   out.rename(moved)
   assert train.main(["--cpu-devices", "0", "--out", str(moved), "--resume", "--steps", "8"]) == 0
   printed = capsys.readouterr().out
-  assert f"resumed from step 6 ({elsewhere})" in printed
+  assert f"resumed from step 6 ({os.path.realpath(elsewhere)})" in printed
   assert f"--out {out} -> {moved}" in printed
   assert [r["step"] for r in report.read_metrics(moved / "metrics.jsonl")] == list(range(1, 9))
   assert h.checkpoint_steps(elsewhere)[-1] == 8
 
 
-def test_a_run_folder_records_only_checkpoints_outside_it(tmp_path, monkeypatch):
-  """The note names a local folder absolute with links resolved, a URL as given; checkpoints
-  moved back inside remove it; a resume without --out finds the newest run through it."""
-  out = tmp_path / "runs" / "lm-1"
+def test_a_recorded_checkpoint_folder_never_mixes_or_loses_a_run(tmp_path, capsys):
+  """Run X keeps its checkpoints in SH; run Y continues them. X's resume is refused as another
+  run's checkpoints (X's record is older than Y's: it resumed and split the metrics, X's
+  steps [1, 2, 5, 6], Y's [3, 4]); --resume auto with an empty --checkpoint-dir in X is
+  refused, naming SH (it started afresh and repointed the record); SH moved away, Y's resume
+  says so (--resume auto recreated SH empty and started afresh)."""
+  x, y, shared = tmp_path / "x", tmp_path / "y", tmp_path / "sh"
+  assert _tiny_run(x, "--checkpoint-dir", str(shared)) == 0
+  assert _tiny_run(y, "--checkpoint-dir", str(shared), "--resume", "--steps", "4") == 0
+  before = {f: f.read_bytes() for f in [*x.rglob("*"), *y.rglob("*")] if f.is_file()}
+  capsys.readouterr()
+  assert _tiny_run(x, "--resume", "--steps", "6") == 2
+  assert f"holds the metrics of another run than the checkpoints" in _one_error_line(capsys)
+  empty = tmp_path / "empty"
+  assert _tiny_run(x, "--resume", "auto", "--checkpoint-dir", str(empty)) == 2
+  assert f"pass --checkpoint-dir {os.path.realpath(shared)} to continue it" in _one_error_line(
+      capsys)
+  assert not empty.exists()
+  shared.rename(tmp_path / "sh-moved")
+  for resume in (["--resume"], ["--resume", "auto"]):
+    assert _tiny_run(y, *resume, "--steps", "6") == 2
+    line = _one_error_line(capsys)
+    assert f"keeps its checkpoints in {os.path.realpath(shared)}" in line, line
+    assert "which does not exist: pass --checkpoint-dir naming where they are now" in line
+  assert not shared.exists()
+  assert {f: f.read_bytes() for f in [*x.rglob("*"), *y.rglob("*")] if f.is_file()} == before
+
+
+def test_a_run_folder_records_where_its_checkpoints_are(tmp_path, monkeypatch):
+  """A folder outside the run absolute (links resolved), one inside relative to it (found again
+  after the run folder moves, also when written through a link), a URL as given, the default
+  folder no record; a resume without --out finds the newest run through its record; a record
+  that is not one line of a path is an error naming it, not a path."""
+  runs = tmp_path / "runs"
+  out = runs / "lm-1"
   out.mkdir(parents=True)
   (tmp_path / "link").symlink_to(tmp_path / "store", target_is_directory=True)
   monkeypatch.chdir(tmp_path)
@@ -349,9 +390,20 @@ def test_a_run_folder_records_only_checkpoints_outside_it(tmp_path, monkeypatch)
   assert run_contents.newest_resumable() == pathlib.Path("runs/lm-1")
   run_contents.record_checkpoint_dir(out, "gs://bucket/ck")
   assert run_contents.checkpoints_of(out) == "gs://bucket/ck"
+  (tmp_path / "to-run").symlink_to(out, target_is_directory=True)
+  run_contents.record_checkpoint_dir(out, "to-run/sub/ck")
+  assert (out / run_contents.CHECKPOINT_DIR_RECORD).read_text() == "sub/ck\n"
+  out.rename(runs / "lm-2")
+  assert run_contents.checkpoints_of(runs / "lm-2") == str(runs / "lm-2" / "sub" / "ck")
+  out = runs / "lm-2"
   run_contents.record_checkpoint_dir(out, str(out / "checkpoints"))
   assert not (out / run_contents.CHECKPOINT_DIR_RECORD).exists()
   assert run_contents.checkpoints_of(out) == run_contents.checkpoints_in(out)
+  assert not [p.name for p in out.iterdir()]  # no draft left
+  for text in ("", "\n", "a\nb\n", "garbage\x01\n", "no newline"):
+    (out / run_contents.CHECKPOINT_DIR_RECORD).write_text(text)
+    with pytest.raises(cli.UsageError, match="checkpoint_dir.txt: not a checkpoint folder's path"):
+      run_contents.checkpoints_of(out)
 
 
 def _benchmark_bests() -> dict:
