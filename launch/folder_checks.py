@@ -32,6 +32,8 @@ def _check_contents(args: argparse.Namespace, steps: list[int]) -> None:
   holder = args.out if is_run else args.checkpoint_dir  # named in messages
   # --checkpoint-dir elsewhere:
   apart = is_run and not run_contents.inside(args.checkpoint_dir, args.out)
+  if is_run:
+    _refuse_a_record_that_is_no_file(args.out)
   if args.resume and not steps and is_run:
     _refuse_a_recorded_folder_gone(args)
   if args.resume == "required" and not steps:
@@ -43,6 +45,8 @@ def _check_contents(args: argparse.Namespace, steps: list[int]) -> None:
                      " there is no checkpoint")
   if args.resume and apart:
     _refuse_another_runs_folder(args, steps)
+  if args.resume and steps and is_run:
+    _refuse_a_gap_in_the_metrics(args)
   if not args.resume and (steps or (is_run and run_contents.metrics_records(args.out))):
     contents = run_contents.contents(pathlib.Path(holder), args.checkpoint_dir, is_run)
     raise UsageError(f"{'--out' if is_run else '--checkpoint-dir'} {holder} already holds a"
@@ -63,6 +67,45 @@ def _refuse_a_recorded_folder_gone(args: argparse.Namespace) -> None:
                      " they are now, or another --out to start afresh")
 
 
+def _refuse_a_record_that_is_no_file(out: str) -> None:
+  """Raises UsageError where something other than a file takes the place of the run's record
+  of its checkpoint folder (``run_contents.CHECKPOINT_DIR_RECORD``): the run would train, then
+  fail to write it."""
+  record = os.path.join(out, run_contents.CHECKPOINT_DIR_RECORD)
+  if os.path.lexists(record) and not os.path.isfile(record):
+    raise UsageError(f"--out {out}: {record} is not a file; the run records its checkpoint"
+                     " folder there: remove it, or choose another --out")
+
+
+def _refuse_a_gap_in_the_metrics(args: argparse.Namespace) -> None:
+  """Raises UsageError when --out's metrics end before the newest checkpoint a resume restores:
+  another run folder continued those checkpoints (the job writes a step's metrics before it
+  saves the step), and resuming here would leave its steps out of this run's metrics."""
+  last = run_contents.last_metrics_step(args.out)
+  saved = run_contents.saved_config(args.checkpoint_dir)
+  if last is None or saved is None or saved[1] <= last:
+    return
+  run_out = saved[0].get("out")
+  by = f" (saved by the run in {run_out})" if isinstance(run_out, str) else ""
+  raise UsageError(f"--resume: the metrics in --out {args.out} end at step {last}, but"
+                   f" {_named(args)} holds step {saved[1]}{by}: another run continued them,"
+                   f" and resuming here would leave steps {last + 1}-{saved[1]} out of these"
+                   " metrics. Resume that run's folder, or choose a new --out")
+
+
+def _named(args: argparse.Namespace) -> str:
+  """The checkpoint folder as messages name it: the flag, and the record where --out's run
+  recorded it."""
+  try:
+    recorded = run_contents.recorded_checkpoint_dir(args.out)
+  except UsageError:
+    recorded = None
+  if recorded is not None and run_contents.same_folder(recorded, args.checkpoint_dir):
+    return (f"--checkpoint-dir {args.checkpoint_dir} (recorded in"
+            f" {os.path.join(args.out, run_contents.CHECKPOINT_DIR_RECORD)})")
+  return f"--checkpoint-dir {args.checkpoint_dir}"
+
+
 def _refuse_another_runs_folder(args: argparse.Namespace, steps: list[int]) -> None:
   """Raises UsageError when --out holds another run than the --checkpoint-dir (elsewhere) a
   --resume continues or, with --resume auto, starts afresh in: runs told apart by what they
@@ -74,7 +117,7 @@ def _refuse_another_runs_folder(args: argparse.Namespace, steps: list[int]) -> N
   records = run_contents.metrics_records(args.out)
   if not steps and own:
     raise UsageError(f"--resume auto: --out {run_contents.describe(args.out)} holds a run, and"
-                     f" --checkpoint-dir {args.checkpoint_dir} holds no checkpoint to continue it:"
+                     f" {_named(args)} holds no checkpoint to continue it:"
                      f" pass --checkpoint-dir {own[0]} to continue it, or choose another --out"
                      " to start afresh")
   saved = run_contents.saved_config(args.checkpoint_dir) if steps and records else None
@@ -82,8 +125,8 @@ def _refuse_another_runs_folder(args: argparse.Namespace, steps: list[int]) -> N
   if (isinstance(run_out, str) and os.path.realpath(run_out) != os.path.realpath(args.out)
       and not _moved_here(args.out, args.checkpoint_dir, run_out)):
     raise UsageError(f"--resume: --out {run_contents.describe(args.out)} holds the metrics of"
-                     f" another run than the checkpoints in --checkpoint-dir"
-                     f" {args.checkpoint_dir} (written by the run in {run_out}): pass --out"
+                     f" another run than the checkpoints in {_named(args)}"
+                     f" (written by the run in {run_out}): pass --out"
                      f" {run_out}, or a new folder, to continue that run without mixing the two")
 
 

@@ -19,9 +19,9 @@ from checkpoints import digest
 from launch.errors import UsageError
 
 __all__ = ["CHECKPOINT_DIR_RECORD", "LOGS", "RUNS", "checkpoints_in", "checkpoints_of",
-           "contents", "describe", "finalized_steps", "inside", "metrics_records",
-           "newest_resumable", "record_checkpoint_dir", "recorded_checkpoint_dir",
-           "same_folder", "saved_config", "unfinished_saves"]
+           "contents", "describe", "finalized_steps", "inside", "last_metrics_step",
+           "metrics_records", "newest_resumable", "record_checkpoint_dir",
+           "recorded_checkpoint_dir", "same_folder", "saved_config", "unfinished_saves"]
 
 RUNS = pathlib.Path("runs")
 LOGS = ("metrics.jsonl", "samples.jsonl")  # a run's own log files: set aside by a fresh start
@@ -62,7 +62,7 @@ def recorded_checkpoint_dir(out) -> str | None:
     raise UsageError(f"{record}: cannot read it ({getattr(e, 'strerror', None) or e}); the"
                      " run records its checkpoint folder there: remove it, or pass"
                      " --checkpoint-dir naming the run's checkpoints") from None
-  where = text[:-1] if text.endswith("\n") else ""
+  where = text.removesuffix("\n")
   if not where.strip() or not where.isprintable():
     raise UsageError(f"{record}: not a checkpoint folder's path (one line: the run records its"
                      " checkpoint folder there); remove it, or pass --checkpoint-dir naming the"
@@ -137,6 +137,21 @@ def metrics_records(folder) -> int:
   """How many lines ``folder/metrics.jsonl`` has (0 if none)."""
   path = pathlib.Path(folder) / "metrics.jsonl"
   return len(path.read_text().splitlines()) if path.is_file() else 0
+
+
+def last_metrics_step(folder) -> int | None:
+  """The largest step of ``folder/metrics.jsonl``'s records (lines that are not a record with
+  an integer step passed over), or None when it has none."""
+  path = pathlib.Path(folder) / "metrics.jsonl"
+  steps = []
+  for line in path.read_text().splitlines() if path.is_file() else ():
+    try:
+      record = json.loads(line)
+    except ValueError:
+      continue
+    if isinstance(record, dict) and isinstance(record.get("step"), int):
+      steps.append(record["step"])
+  return max(steps, default=None)
 
 
 def contents(folder: pathlib.Path, checkpoint_dir, run_folder: bool) -> str:

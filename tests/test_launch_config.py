@@ -6,6 +6,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import sys
 
 import pytest
@@ -372,6 +373,37 @@ def test_a_recorded_checkpoint_folder_never_mixes_or_loses_a_run(tmp_path, capsy
     assert "which does not exist: pass --checkpoint-dir naming where they are now" in line
   assert not shared.exists()
   assert {f: f.read_bytes() for f in [*x.rglob("*"), *y.rglob("*")] if f.is_file()} == before
+  (tmp_path / "sh-moved").rename(shared)
+  shutil.rmtree(y)  # Y gone: X's record still names SH, whose newest steps Y trained
+  assert _tiny_run(x, "--resume", "--steps", "6") == 2
+  line = _one_error_line(capsys)
+  assert f"the metrics in --out {x} end at step 2, but --checkpoint-dir" in line, line
+  assert "holds step 4" in line and "would leave steps 3-4 out of these metrics" in line
+
+
+def test_a_run_whose_checkpoints_another_run_continued_is_not_resumed(tmp_path, capsys):
+  """P keeps its checkpoints in P/checkpoints, Q continues them; P's resume would append steps
+  5 and 6 to P's metrics of steps 1 and 2 (it did: P's steps [1, 2, 5, 6], Q's [3, 4])."""
+  p, q = tmp_path / "p", tmp_path / "q"
+  assert _tiny_run(p) == 0
+  assert _tiny_run(q, "--checkpoint-dir", str(p / "checkpoints"), "--resume", "--steps", "4") == 0
+  capsys.readouterr()
+  assert _tiny_run(p, "--resume", "--steps", "6") == 2
+  line = _one_error_line(capsys)
+  assert f"end at step 2, but --checkpoint-dir {p / 'checkpoints'} holds step 4" in line, line
+  assert f"(saved by the run in {os.path.realpath(q)})" in line
+  assert [r["step"] for r in report.read_metrics(p / "metrics.jsonl")] == [1, 2]
+
+
+def test_a_folder_in_place_of_the_record_is_refused_before_the_run_starts(tmp_path, capsys):
+  """A directory named checkpoint_dir.txt in --out: the run trained, then exited 4 naming a
+  draft file and advising to free space."""
+  out, elsewhere = tmp_path / "run", tmp_path / "ck"
+  (out / run_contents.CHECKPOINT_DIR_RECORD).mkdir(parents=True)
+  assert _tiny_run(out, "--checkpoint-dir", str(elsewhere)) == 2
+  line = _one_error_line(capsys)
+  assert f"--out {out}: {out / run_contents.CHECKPOINT_DIR_RECORD} is not a file" in line, line
+  assert not elsewhere.exists() and [f.name for f in out.iterdir()] == ["checkpoint_dir.txt"]
 
 
 def test_a_run_folder_records_where_its_checkpoints_are(tmp_path, monkeypatch):
@@ -400,7 +432,9 @@ def test_a_run_folder_records_where_its_checkpoints_are(tmp_path, monkeypatch):
   assert not (out / run_contents.CHECKPOINT_DIR_RECORD).exists()
   assert run_contents.checkpoints_of(out) == run_contents.checkpoints_in(out)
   assert not [p.name for p in out.iterdir()]  # no draft left
-  for text in ("", "\n", "a\nb\n", "garbage\x01\n", "no newline"):
+  (out / run_contents.CHECKPOINT_DIR_RECORD).write_text("sub/ck")  # written by hand
+  assert run_contents.checkpoints_of(out) == str(out / "sub" / "ck")
+  for text in ("", "\n", "a\nb\n", "garbage\x01\n", "two\n\n"):
     (out / run_contents.CHECKPOINT_DIR_RECORD).write_text(text)
     with pytest.raises(cli.UsageError, match="checkpoint_dir.txt: not a checkpoint folder's path"):
       run_contents.checkpoints_of(out)
