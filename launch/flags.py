@@ -55,7 +55,7 @@ def _recorded_checkpoints(out: str) -> str:
   checkpoint_dir = run_contents.checkpoints_of(out)
   if checkpoint_dir != run_contents.checkpoints_in(out):  # recorded
     try:
-      path_checks.check_paths({"checkpoint_dir": checkpoint_dir, "resume": True})
+      path_checks.check_paths({"checkpoint_dir": checkpoint_dir})
     except cli.UsageError as e:
       record = os.path.join(out, run_contents.CHECKPOINT_DIR_RECORD)
       raise cli.UsageError(f"{record} (the run's checkpoint folder, recorded): {e}") from None

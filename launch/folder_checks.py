@@ -58,7 +58,7 @@ def _refuse_a_recorded_folder_gone(args: argparse.Namespace) -> None:
   """Raises UsageError when a resume's checkpoint folder is the one --out's run recorded
   (``run_contents.record_checkpoint_dir``) and it is gone: moved or deleted, not a run
   that never saved (the job creates the folder before its first step)."""
-  recorded = run_contents.recorded_checkpoint_dir(args.out)
+  recorded = _recorded(args.out)
   if (recorded is not None and "://" not in recorded and not os.path.exists(recorded)
       and run_contents.same_folder(recorded, args.checkpoint_dir)):
     record = os.path.join(args.out, run_contents.CHECKPOINT_DIR_RECORD)
@@ -93,14 +93,26 @@ def _refuse_a_gap_in_the_metrics(args: argparse.Namespace) -> None:
                    " metrics. Resume that run's folder, or choose a new --out")
 
 
+def _recorded(folder: str) -> str | None:
+  """The checkpoint folder the run in ``folder`` recorded; None where there is no record, or
+  one that does not read (a resume given --checkpoint-dir writes it anew; one without the
+  flag was refused naming it: launch/flags.py)."""
+  try:
+    return run_contents.recorded_checkpoint_dir(folder)
+  except UsageError:
+    return None
+
+
+def _records(folder: str, checkpoint_dir: str) -> bool:
+  """Whether the run in ``folder`` recorded ``checkpoint_dir`` as its checkpoint folder."""
+  recorded = _recorded(folder)
+  return recorded is not None and run_contents.same_folder(recorded, checkpoint_dir)
+
+
 def _named(args: argparse.Namespace) -> str:
   """The checkpoint folder as messages name it: the flag, and the record where --out's run
   recorded it."""
-  try:
-    recorded = run_contents.recorded_checkpoint_dir(args.out)
-  except UsageError:
-    recorded = None
-  if recorded is not None and run_contents.same_folder(recorded, args.checkpoint_dir):
+  if _records(args.out, args.checkpoint_dir):
     return (f"--checkpoint-dir {args.checkpoint_dir} (recorded in"
             f" {os.path.join(args.out, run_contents.CHECKPOINT_DIR_RECORD)})")
   return f"--checkpoint-dir {args.checkpoint_dir}"
@@ -111,8 +123,9 @@ def _refuse_another_runs_folder(args: argparse.Namespace, steps: list[int]) -> N
   --resume continues or, with --resume auto, starts afresh in: runs told apart by what they
   record, --out's own checkpoints (in ``checkpoints_in`` or the folder it recorded) and the
   folder the checkpoints' run saved as its --out."""
-  homes = {run_contents.checkpoints_in(args.out), run_contents.checkpoints_of(args.out)}
-  own = [home for home in sorted(homes) if run_contents.finalized_steps(home)
+  recorded = _recorded(args.out)
+  homes = [run_contents.checkpoints_in(args.out), *([recorded] if recorded else [])]
+  own = [home for home in homes if run_contents.finalized_steps(home)
          and not run_contents.same_folder(home, args.checkpoint_dir)]
   records = run_contents.metrics_records(args.out)
   if not steps and own:
@@ -134,13 +147,7 @@ def _moved_here(out: str, checkpoint_dir: str, run_out: str) -> bool:
   """Whether ``out`` is the run folder the checkpoints' run saved as ``run_out``, moved: ``out``
   records ``checkpoint_dir`` as its checkpoint folder and ``run_out`` does not (it is gone,
   or its run records another folder)."""
-  def records(folder):
-    try:
-      recorded = run_contents.recorded_checkpoint_dir(folder)
-    except UsageError:  # an unreadable record names no folder
-      return False
-    return recorded is not None and run_contents.same_folder(recorded, checkpoint_dir)
-  return records(out) and not records(run_out)
+  return _records(out, checkpoint_dir) and not _records(run_out, checkpoint_dir)
 
 
 def check_fits(args: argparse.Namespace, steps: list[int], own=(), locks: bool = True) -> None:

@@ -1,7 +1,7 @@
 """What run folders hold, read without changing them: a checkpoint folder's steps, a run's
 metrics records, the flags saved with its newest step, where a run keeps its checkpoints,
 which run to resume; and the one note a run writes about its folders: where its checkpoints
-are when they lie outside its folder (``record_checkpoint_dir``).
+are when not in the default folder (``record_checkpoint_dir``).
 
 Nothing here imports jax or orbax, so the local launcher and the flags
 (launch/flags.py) can use it. A step of a checkpoint folder is finalized when
@@ -25,7 +25,7 @@ __all__ = ["CHECKPOINT_DIR_RECORD", "LOGS", "RUNS", "checkpoints_in", "checkpoin
 
 RUNS = pathlib.Path("runs")
 LOGS = ("metrics.jsonl", "samples.jsonl")  # a run's own log files: set aside by a fresh start
-# In a run folder whose checkpoints lie elsewhere: their folder (``record_checkpoint_dir``).
+# In a run folder whose checkpoints are not in ``checkpoints_in``: where (``record_checkpoint_dir``).
 CHECKPOINT_DIR_RECORD = "checkpoint_dir.txt"
 
 
@@ -83,12 +83,13 @@ def record_checkpoint_dir(out, checkpoint_dir: str) -> None:
   folder absolute with symbolic links resolved, a URL as written. Written whole or not at
   all (a new file renamed over the old)."""
   path = pathlib.Path(out) / CHECKPOINT_DIR_RECORD
-  where = checkpoint_dir
-  if "://" not in checkpoint_dir:
+  if "://" in checkpoint_dir:
+    where = checkpoint_dir
+  elif inside(checkpoint_dir, out):
+    where = os.path.relpath(os.path.realpath(checkpoint_dir), os.path.realpath(out))
+  else:
     where = os.path.realpath(checkpoint_dir)
-    if inside(checkpoint_dir, out):
-      where = os.path.relpath(where, os.path.realpath(out))
-  if where == os.path.basename(checkpoints_in(out)) and "://" not in checkpoint_dir:
+  if where == os.path.basename(checkpoints_in(out)):
     path.unlink(missing_ok=True)
     return
   draft = path.with_name(f".{path.name}.{os.getpid()}")

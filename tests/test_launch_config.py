@@ -332,8 +332,8 @@ def test_a_resume_finds_checkpoints_kept_outside_the_run_folder(tmp_path, capsys
   out, elsewhere = tmp_path / "run", tmp_path / "store" / "ck"
   assert _tiny_run(out, "--steps", "4", "--checkpoint-dir", str(elsewhere)) == 0
   assert not (out / "checkpoints").exists()
-  record = out / run_contents.CHECKPOINT_DIR_RECORD
-  assert record.read_text() == f"{os.path.realpath(elsewhere)}\n"
+  record_text = f"{os.path.realpath(elsewhere)}\n"
+  assert (out / run_contents.CHECKPOINT_DIR_RECORD).read_text() == record_text
   capsys.readouterr()
   assert train.main(["--cpu-devices", "0", "--out", str(out), "--resume", "--steps", "6"]) == 0
   assert f"resumed from step 4 ({os.path.realpath(elsewhere)})" in capsys.readouterr().out
@@ -345,6 +345,12 @@ def test_a_resume_finds_checkpoints_kept_outside_the_run_folder(tmp_path, capsys
   assert f"--out {out} -> {moved}" in printed
   assert [r["step"] for r in report.read_metrics(moved / "metrics.jsonl")] == list(range(1, 9))
   assert h.checkpoint_steps(elsewhere)[-1] == 8
+  (moved / run_contents.CHECKPOINT_DIR_RECORD).write_text("two\nlines\n")  # damaged by hand
+  again = ["--cpu-devices", "0", "--out", str(moved), "--resume", "--steps", "10"]
+  assert train.main(again) == 2
+  assert "checkpoint_dir.txt: not a checkpoint folder's path" in _one_error_line(capsys)
+  assert train.main([*again, "--checkpoint-dir", str(elsewhere)]) == 0  # the flag: written anew
+  assert (moved / run_contents.CHECKPOINT_DIR_RECORD).read_text() == record_text
 
 
 def test_a_recorded_checkpoint_folder_never_mixes_or_loses_a_run(tmp_path, capsys):
