@@ -25,7 +25,7 @@ __all__ = ["CHECKPOINT_DIR_RECORD", "LOGS", "RUNS", "checkpoints_in", "checkpoin
 
 RUNS = pathlib.Path("runs")
 LOGS = ("metrics.jsonl", "samples.jsonl")  # a run's own log files: set aside by a fresh start
-# In a run folder whose checkpoints are not in ``checkpoints_in``: where (``record_checkpoint_dir``).
+# In a run folder whose checkpoints are not in ``checkpoints_in``: where they are.
 CHECKPOINT_DIR_RECORD = "checkpoint_dir.txt"
 
 
