@@ -15,8 +15,9 @@ and, after ``--grace`` seconds, SIGKILL (a process stuck in a collective ignores
 SIGTERM); the launcher then exits with the code of the first process to fail
 (128 + signal for a killed one). The job reports its code before it exits
 (``launch/exit_report.py``), so a process whose collective failed because
-another exited is not taken for the cause, though it may exit first; a module
-that reports nothing is judged by its exits. After ``--timeout``
+another exited is not taken for the cause, though it may exit first; a process
+killed by a signal cannot report, so one already dead when a report is read counts
+as the first; a module that reports nothing is judged by its exits. After ``--timeout``
 seconds everything is stopped the same way and the exit code is 124. SIGTERM,
 SIGINT (Ctrl-C) or SIGHUP to the launcher is forwarded to every process as
 SIGTERM: the job saves a checkpoint and exits 0. On Linux each process gets
@@ -136,6 +137,35 @@ def _threads(procs, out, err, reports: int, ended: queue.Queue) -> list[threadin
   return threads
 
 
+def _exit_status_now(proc: subprocess.Popen) -> int | None:
+  """``proc``'s return code if it has ended (reaped or not), else None; never reaps it, so its
+  waiter thread still sees its exit."""
+  if proc.returncode is not None:
+    return proc.returncode
+  try:
+    ended = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+  except ChildProcessError:  # its waiter reaped it a moment ago
+    return proc.wait()
+  if ended is None:
+    return None
+  killed = ended.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+  return -ended.si_status if killed else ended.si_status
+
+
+def _killed_before(procs) -> tuple[int, int] | None:
+  """(index, code) of a process already ended by a signal, if any, else None.
+
+  A process killed by a signal reports nothing, and its peers' collectives fail as its
+  sockets close, a moment before the launcher can see its exit: a peer's report of that
+  failure can come first. A process that reports has not yet exited, so no peer has failed
+  because of its exit: a death by a signal already seen when a failure is read came first."""
+  for index, proc in enumerate(procs):
+    code = _exit_status_now(proc)
+    if code is not None and code < 0:
+      return index, code
+  return None
+
+
 def _watch(procs, ended: queue.Queue, interrupted: list, timeout: float, out) -> int:
   """Waits for the job's outcome: 0 once every process exited 0, the code of the first to fail
   otherwise (by its report, else by its exit), 124 after ``timeout`` s; forwards the signals
@@ -157,6 +187,7 @@ def _watch(procs, ended: queue.Queue, interrupted: list, timeout: float, out) ->
         return 124
       continue
     if returncode != 0:
+      index, returncode = _killed_before(procs) or (index, returncode)
       _write(out, f"[launcher] process {index} exited with {returncode}: stopping the others\n")
       return _exit_code(returncode)
     exited += 1

@@ -494,6 +494,30 @@ def test_the_launcher_names_the_process_that_failed_first_though_another_exits_f
   assert out.read_text() == "[launcher] process 0 exited with 4: stopping the others\n"
 
 
+def test_a_peers_report_read_after_a_process_was_killed_names_the_killed_one(tmp_path):
+  """A process killed by SIGKILL reports nothing, and its peer's collective fails as the
+  killed one's sockets close, a moment before the launcher reaps it: CI read process 0's
+  report (exit 1) before process 1's exit and named process 0. Here process 1 is dead and
+  not yet reaped when process 0's report is read: the launcher names process 1, 128 + 9."""
+  import io
+  import queue
+  from launch import local_multihost
+  alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+  killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+  try:
+    killed.kill()
+    os.waitid(os.P_PID, killed.pid, os.WEXITED | os.WNOWAIT)  # dead, left for the launcher
+    ended, out = queue.Queue(), io.StringIO()
+    ended.put((0, 1))  # process 0's report, read first
+    code = local_multihost._watch([alive, killed], ended, [], timeout=30, out=out)
+  finally:
+    alive.kill()
+    alive.wait()
+    killed.wait()
+  assert (code, out.getvalue()) == (
+      137, "[launcher] process 1 exited with -9: stopping the others\n")
+
+
 def test_the_job_reports_its_exit_code_before_it_exits(tmp_path):
   """What the launcher reads (exit_report.ENV): the job's pid and code, one line."""
   from launch import exit_report
