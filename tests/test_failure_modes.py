@@ -992,6 +992,27 @@ def test_the_tpu_script_passes_its_arguments_to_every_worker(tmp_path, args):
   assert job_args[job_args.index("--resume"):] == ["--resume", "auto", *args]
 
 
+@pytest.mark.parametrize("bucket", ["gs://b/run-1", "gs://b/run 2's"], ids=["plain", "quoted"])
+def test_the_tpu_script_keeps_a_run_folder_per_bucket_path(tmp_path, bucket):
+  """Every run used /tmp/shardopt-run: a run for another $OUT met the first run's metrics there
+  and was refused ('already holds a run'). The run folder now follows $OUT, and both paths
+  reach the job as one argument each."""
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  fake = bin_dir / "gcloud"  # writes the command it would run on every worker
+  fake.write_text('#!/usr/bin/env bash\nwhile (( $# )); do [[ $1 == --command ]] &&'
+                  f' printf %s "$2" > {tmp_path / "command"}; shift; done\n')
+  fake.chmod(0o755)
+  env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "TPU_NAME": "pod",
+         "ZONE": "z", "OUT": bucket}
+  subprocess.run(["bash", str(h.ROOT / "launch" / "scripts" / "tpu_pod.sh")],
+                 env=env, check=True, timeout=60)
+  command = shlex.split((tmp_path / "command").read_text())
+  out = command[command.index("--out") + 1]
+  assert command[command.index("--checkpoint-dir") + 1] == f"{bucket}/checkpoints"
+  assert out == "/tmp/shardopt-runs/" + re.sub(r"[^A-Za-z0-9._-]", "_", bucket)
+
+
 def test_the_slurm_script_runs_one_task_per_gpu():
   """jax.distributed gives each SLURM process the one GPU of its SLURM_LOCALID: with one task
   per node, 7 of every node's 8 GPUs stood idle."""

@@ -9,8 +9,10 @@
 # so no coordinator address is needed. Extra arguments go to launch.train.
 # Running the script again continues the run: --resume auto resumes from the
 # newest valid checkpoint under $OUT, or starts fresh (one line says so). The
-# run folder (metrics, loss curve, logs) is /tmp/shardopt-run on each worker's own
-# disk; process 0 (worker 0) writes it.
+# run folder (metrics, loss curve, logs) is /tmp/shardopt-runs/<$OUT, each
+# character other than A-Z a-z 0-9 . _ - as _> on each worker's own disk, one per
+# bucket path, so a run for another $OUT never meets this one's metrics; process 0
+# (worker 0) writes it.
 #
 #   TPU_NAME=my-pod ZONE=us-central2-b ./launch/scripts/tpu_pod.sh --mesh data=-1,model=4 --steps 2000
 set -euo pipefail
@@ -24,6 +26,9 @@ if [[ -n "${REPO_URL:-}" ]]; then
          cd ${REPO_DIR} && pip install -q -e '.[gcs]' 'jax[tpu]' &&"
 fi
 
+RUN_DIR="/tmp/shardopt-runs/${OUT//[^A-Za-z0-9._-]/_}"
+
 gcloud compute tpus tpu-vm ssh "${TPU_NAME}" --zone "${ZONE}" --worker=all --command "
   ${setup} cd ${REPO_DIR} && python3 -m launch.train --auto-distributed --cpu-devices 0 \
-    --out /tmp/shardopt-run --checkpoint-dir ${OUT}/checkpoints --resume auto ${*:+$(printf '%q ' "$@")}"
+    --out $(printf '%q' "${RUN_DIR}") --checkpoint-dir $(printf '%q' "${OUT}/checkpoints") \
+    --resume auto ${*:+$(printf '%q ' "$@")}"
