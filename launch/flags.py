@@ -12,7 +12,6 @@ when the checkpoint is restored (``resume.check_config``).
 """
 
 import argparse
-import os
 
 from launch import cli
 from launch import path_checks
@@ -37,7 +36,7 @@ def _resumed_run(given: dict) -> tuple[dict, list]:
   checkpoint_dir = given.get("checkpoint_dir")
   if checkpoint_dir is None:
     out = given.get("out") or found["out"]
-    checkpoint_dir = _recorded_checkpoints(out)
+    checkpoint_dir = run_contents.checkpoints_of(out)
     if checkpoint_dir != run_contents.checkpoints_in(out):
       found["checkpoint_dir"] = checkpoint_dir
   saved = run_contents.saved_config(checkpoint_dir)
@@ -46,20 +45,6 @@ def _resumed_run(given: dict) -> tuple[dict, list]:
   if not saved:
     return found, []
   return {**run_config.inherited(saved[0]), **found}, saved[0].get("given", [])
-
-
-def _recorded_checkpoints(out: str) -> str:
-  """Where the run in ``out`` keeps its checkpoints (``run_contents.checkpoints_of``), a folder
-  it recorded checked as a given --checkpoint-dir is (``path_checks.check_paths``), a
-  failure naming the record."""
-  checkpoint_dir = run_contents.checkpoints_of(out)
-  if checkpoint_dir != run_contents.checkpoints_in(out):  # recorded
-    try:
-      path_checks.check_paths({"checkpoint_dir": checkpoint_dir})
-    except cli.UsageError as e:
-      record = os.path.join(out, run_contents.CHECKPOINT_DIR_RECORD)
-      raise cli.UsageError(f"{record} (the run's checkpoint folder, recorded): {e}") from None
-  return checkpoint_dir
 
 
 def _refuse_changes(saved: dict, given: dict, where: str) -> None:

@@ -33,9 +33,10 @@ def _check_contents(args: argparse.Namespace, steps: list[int]) -> None:
   # --checkpoint-dir elsewhere:
   apart = is_run and not run_contents.inside(args.checkpoint_dir, args.out)
   if is_run:
-    _refuse_a_record_that_is_no_file(args.out)
+    run_contents.refuse_a_record_that_is_no_file(args.out)
   if args.resume and not steps and is_run:
     _refuse_a_recorded_folder_gone(args)
+    _refuse_leaving_the_runs_checkpoints(args)
   if args.resume == "required" and not steps:
     found = (f"--checkpoint-dir"
              f" {run_contents.describe(args.checkpoint_dir, args.checkpoint_dir, False)}"
@@ -43,8 +44,8 @@ def _check_contents(args: argparse.Namespace, steps: list[int]) -> None:
     raise UsageError(f"--resume: nothing to resume: {found}."
                      " Start without --resume, or use --resume auto to start fresh when"
                      " there is no checkpoint")
-  if args.resume and apart:
-    _refuse_another_runs_folder(args, steps)
+  if args.resume and apart and steps:
+    _refuse_another_runs_checkpoints(args)
   if args.resume and steps and is_run:
     _refuse_a_gap_in_the_metrics(args)
   if not args.resume and (steps or (is_run and run_contents.metrics_records(args.out))):
@@ -65,16 +66,6 @@ def _refuse_a_recorded_folder_gone(args: argparse.Namespace) -> None:
     raise UsageError(f"--resume: the run in {args.out} keeps its checkpoints in {recorded}"
                      f" ({record}), which does not exist: pass --checkpoint-dir naming where"
                      " they are now, or another --out to start afresh")
-
-
-def _refuse_a_record_that_is_no_file(out: str) -> None:
-  """Raises UsageError where something other than a file takes the place of the run's record
-  of its checkpoint folder (``run_contents.CHECKPOINT_DIR_RECORD``): the run would train, then
-  fail to write it."""
-  record = os.path.join(out, run_contents.CHECKPOINT_DIR_RECORD)
-  if os.path.lexists(record) and not os.path.isfile(record):
-    raise UsageError(f"--out {out}: {record} is not a file; the run records its checkpoint"
-                     " folder there: remove it, or choose another --out")
 
 
 def _refuse_a_gap_in_the_metrics(args: argparse.Namespace) -> None:
@@ -118,24 +109,30 @@ def _named(args: argparse.Namespace) -> str:
   return f"--checkpoint-dir {args.checkpoint_dir}"
 
 
-def _refuse_another_runs_folder(args: argparse.Namespace, steps: list[int]) -> None:
-  """Raises UsageError when --out holds another run than the --checkpoint-dir (elsewhere) a
-  --resume continues or, with --resume auto, starts afresh in: runs told apart by what they
-  record, --out's own checkpoints (in ``checkpoints_in`` or the folder it recorded) and the
-  folder the checkpoints' run saved as its --out."""
+def _refuse_leaving_the_runs_checkpoints(args: argparse.Namespace) -> None:
+  """Raises UsageError when a resume's checkpoint folder holds no step while --out's run keeps
+  steps in another (the folder it recorded, or ``checkpoints_in``): --resume auto would start
+  afresh in --out and record the empty folder in place of the run's."""
   recorded = _recorded(args.out)
-  homes = [run_contents.checkpoints_in(args.out), *([recorded] if recorded else [])]
+  homes = [*([recorded] if recorded else []), run_contents.checkpoints_in(args.out)]
   own = [home for home in homes if run_contents.finalized_steps(home)
          and not run_contents.same_folder(home, args.checkpoint_dir)]
-  records = run_contents.metrics_records(args.out)
-  if not steps and own:
-    raise UsageError(f"--resume auto: --out {run_contents.describe(args.out)} holds a run, and"
+  if own:
+    resume = "--resume auto" if args.resume == "auto" else "--resume"
+    raise UsageError(f"{resume}: --out {run_contents.describe(args.out)} holds a run, and"
                      f" {_named(args)} holds no checkpoint to continue it:"
                      f" pass --checkpoint-dir {own[0]} to continue it, or choose another --out"
                      " to start afresh")
-  saved = run_contents.saved_config(args.checkpoint_dir) if steps and records else None
+
+
+def _refuse_another_runs_checkpoints(args: argparse.Namespace) -> None:
+  """Raises UsageError when --out holds the metrics of another run than the one whose
+  checkpoints (elsewhere) a --resume continues: the checkpoints' run saved another folder as
+  its --out, and ``out`` is not that folder moved (``_moved_here``)."""
+  saved = run_contents.saved_config(args.checkpoint_dir)
   run_out = saved and saved[0].get("out")
-  if (isinstance(run_out, str) and os.path.realpath(run_out) != os.path.realpath(args.out)
+  if (run_contents.metrics_records(args.out) and isinstance(run_out, str)
+      and os.path.realpath(run_out) != os.path.realpath(args.out)
       and not _moved_here(args.out, args.checkpoint_dir, run_out)):
     raise UsageError(f"--resume: --out {run_contents.describe(args.out)} holds the metrics of"
                      f" another run than the checkpoints in {_named(args)}"

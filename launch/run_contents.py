@@ -16,12 +16,14 @@ import pathlib
 from etils import epath
 
 from checkpoints import digest
+from launch import path_checks
 from launch.errors import UsageError
 
 __all__ = ["CHECKPOINT_DIR_RECORD", "LOGS", "RUNS", "checkpoints_in", "checkpoints_of",
            "contents", "describe", "finalized_steps", "inside", "last_metrics_step",
            "metrics_records", "newest_resumable", "record_checkpoint_dir",
-           "recorded_checkpoint_dir", "same_folder", "saved_config", "unfinished_saves"]
+           "recorded_checkpoint_dir", "refuse_a_record_that_is_no_file", "same_folder",
+           "saved_config", "unfinished_saves"]
 
 RUNS = pathlib.Path("runs")
 LOGS = ("metrics.jsonl", "samples.jsonl")  # a run's own log files: set aside by a fresh start
@@ -49,10 +51,21 @@ def same_folder(a: str, b: str) -> bool:
   return os.path.realpath(a) == os.path.realpath(b)
 
 
+def refuse_a_record_that_is_no_file(out) -> None:
+  """Raises UsageError where something other than a file takes the place of the run's record
+  of its checkpoint folder (``CHECKPOINT_DIR_RECORD``): reading a pipe there would wait for
+  ever, and a run would train, then fail to write its record."""
+  record = os.path.join(out, CHECKPOINT_DIR_RECORD)
+  if os.path.lexists(record) and not os.path.isfile(record):
+    raise UsageError(f"--out {out}: {record} is not a file; the run records its checkpoint"
+                     " folder there: remove it, or choose another --out")
+
+
 def recorded_checkpoint_dir(out) -> str | None:
   """The checkpoint folder the run in ``out`` recorded (``record_checkpoint_dir``): a URL or
   absolute path as recorded, a relative one under ``out``; None where there is no record.
-  Raises UsageError naming the record where it is not one line holding a path."""
+  Raises UsageError naming the record where it is not a file holding one line of a path."""
+  refuse_a_record_that_is_no_file(out)
   record = pathlib.Path(out) / CHECKPOINT_DIR_RECORD
   try:
     text = record.read_text()
@@ -72,8 +85,17 @@ def recorded_checkpoint_dir(out) -> str | None:
 
 def checkpoints_of(out) -> str:
   """Where the run in ``out`` keeps its checkpoints: the folder it recorded (a run given
-  --checkpoint-dir), else ``checkpoints_in(out)``."""
-  return recorded_checkpoint_dir(out) or checkpoints_in(out)
+  --checkpoint-dir), checked as a given --checkpoint-dir is (``path_checks.check_paths``, a
+  failure naming the record), else ``checkpoints_in(out)``."""
+  recorded = recorded_checkpoint_dir(out)
+  if recorded is None:
+    return checkpoints_in(out)
+  try:
+    path_checks.check_paths({"checkpoint_dir": recorded})
+  except UsageError as e:
+    record = os.path.join(out, CHECKPOINT_DIR_RECORD)
+    raise UsageError(f"{record} (the run's checkpoint folder, recorded): {e}") from None
+  return recorded
 
 
 def record_checkpoint_dir(out, checkpoint_dir: str) -> None:
@@ -134,18 +156,23 @@ def unfinished_saves(checkpoint_dir) -> list[str]:
   return sorted(p.name for p in path.iterdir() if "tmp" in p.name)
 
 
+def _metrics_lines(folder) -> list[bytes]:
+  """The lines of ``folder/metrics.jsonl`` as bytes (none if it is no file): read as bytes, a
+  line that is not UTF-8 is one more line, not an error."""
+  path = pathlib.Path(folder) / "metrics.jsonl"
+  return path.read_bytes().splitlines() if path.is_file() else []
+
+
 def metrics_records(folder) -> int:
   """How many lines ``folder/metrics.jsonl`` has (0 if none)."""
-  path = pathlib.Path(folder) / "metrics.jsonl"
-  return len(path.read_text().splitlines()) if path.is_file() else 0
+  return len(_metrics_lines(folder))
 
 
 def last_metrics_step(folder) -> int | None:
   """The largest step of ``folder/metrics.jsonl``'s records (lines that are not a record with
   an integer step passed over), or None when it has none."""
-  path = pathlib.Path(folder) / "metrics.jsonl"
   steps = []
-  for line in path.read_text().splitlines() if path.is_file() else ():
+  for line in _metrics_lines(folder):
     try:
       record = json.loads(line)
     except ValueError:
@@ -181,14 +208,24 @@ def describe(folder, checkpoint_dir=None, run_folder: bool = True) -> str:
   return f"{folder} ({contents(folder, checkpoint_dir, run_folder)})"
 
 
+def _resumable(folder: pathlib.Path) -> bool:
+  """Whether the run in ``folder`` has a finalized checkpoint; True where its record of its
+  checkpoint folder does not read, so that the resume reports the record (``checkpoints_of``)
+  rather than pass over the run."""
+  try:
+    return bool(finalized_steps(checkpoints_of(folder)))
+  except UsageError:
+    return True
+
+
 def newest_resumable(root: pathlib.Path = RUNS) -> pathlib.Path:
-  """The newest ``root/lm-*`` folder whose run has a finalized checkpoint (``checkpoints_of``).
+  """The newest ``root/lm-*`` folder whose run has a finalized checkpoint (``_resumable``).
 
   Raises UsageError listing every run folder found when none has one.
   """
   folders = sorted(p for p in root.glob("lm-*") if p.is_dir())  # names start with the time
   for folder in reversed(folders):
-    if finalized_steps(checkpoints_of(folder)):
+    if _resumable(folder):
       return folder
   found = "; ".join(describe(f) for f in folders) if folders else f"no {root}/lm-* folders"
   raise UsageError(f"--resume: nothing to resume in {os.path.abspath(root)}: found {found}."

@@ -356,8 +356,8 @@ def test_a_resume_finds_checkpoints_kept_outside_the_run_folder(tmp_path, capsys
 def test_a_recorded_checkpoint_folder_never_mixes_or_loses_a_run(tmp_path, capsys):
   """Run X keeps its checkpoints in SH; run Y continues them. X's resume is refused as another
   run's checkpoints (X's record is older than Y's: it resumed and split the metrics, X's
-  steps [1, 2, 5, 6], Y's [3, 4]); --resume auto with an empty --checkpoint-dir in X is
-  refused, naming SH (it started afresh and repointed the record); SH moved away, Y's resume
+  steps [1, 2, 5, 6], Y's [3, 4]); --resume auto with an empty --checkpoint-dir, outside X or
+  inside it, is refused, naming SH (it started afresh and repointed the record); SH moved away, Y's resume
   says so (--resume auto recreated SH empty and started afresh)."""
   x, y, shared = tmp_path / "x", tmp_path / "y", tmp_path / "sh"
   assert _tiny_run(x, "--checkpoint-dir", str(shared)) == 0
@@ -371,6 +371,11 @@ def test_a_recorded_checkpoint_folder_never_mixes_or_loses_a_run(tmp_path, capsy
   assert f"pass --checkpoint-dir {os.path.realpath(shared)} to continue it" in _one_error_line(
       capsys)
   assert not empty.exists()
+  inside = x / "new-ck"  # inside X: it started afresh there and dropped the record of SH
+  assert _tiny_run(x, "--resume", "auto", "--checkpoint-dir", str(inside)) == 2
+  assert f"pass --checkpoint-dir {os.path.realpath(shared)} to continue it" in _one_error_line(
+      capsys)
+  assert not inside.exists()
   shared.rename(tmp_path / "sh-moved")
   for resume in (["--resume"], ["--resume", "auto"]):
     assert _tiny_run(y, *resume, "--steps", "6") == 2
@@ -403,20 +408,33 @@ def test_a_run_whose_checkpoints_another_run_continued_is_not_resumed(tmp_path, 
 
 def test_a_folder_in_place_of_the_record_is_refused_before_the_run_starts(tmp_path, capsys):
   """A directory named checkpoint_dir.txt in --out: the run trained, then exited 4 naming a
-  draft file and advising to free space."""
+  draft file and advising to free space; a pipe there: a resume waited for ever to read it."""
   out, elsewhere = tmp_path / "run", tmp_path / "ck"
   (out / run_contents.CHECKPOINT_DIR_RECORD).mkdir(parents=True)
   assert _tiny_run(out, "--checkpoint-dir", str(elsewhere)) == 2
   line = _one_error_line(capsys)
   assert f"--out {out}: {out / run_contents.CHECKPOINT_DIR_RECORD} is not a file" in line, line
   assert not elsewhere.exists() and [f.name for f in out.iterdir()] == ["checkpoint_dir.txt"]
+  (out / run_contents.CHECKPOINT_DIR_RECORD).rmdir()
+  os.mkfifo(out / run_contents.CHECKPOINT_DIR_RECORD)  # reading it waited for ever
+  for resume in (["--resume"], ["--resume", "auto"]):
+    assert _tiny_run(out, *resume) == 2
+    assert f"{out / run_contents.CHECKPOINT_DIR_RECORD} is not a file" in _one_error_line(capsys)
+
+
+def test_a_metrics_line_that_is_not_utf8_is_one_line_passed_over(tmp_path):
+  """A torn or foreign line in metrics.jsonl: the folder checks raised UnicodeDecodeError."""
+  (tmp_path / "metrics.jsonl").write_bytes(b'{"step": 1}\n\xff\xfe\n{"step": 3}\n')
+  assert run_contents.metrics_records(tmp_path) == 3
+  assert run_contents.last_metrics_step(tmp_path) == 3
 
 
 def test_a_run_folder_records_where_its_checkpoints_are(tmp_path, monkeypatch):
   """A folder outside the run absolute (links resolved), one inside relative to it (found again
   after the run folder moves, also when written through a link), a URL as given, the default
   folder no record; a resume without --out finds the newest run through its record; a record
-  that is not one line of a path is an error naming it, not a path."""
+  that is not one line of a path, or names a folder the job cannot use, is an error naming it,
+  not a path, and its run is not passed over for an older one."""
   runs = tmp_path / "runs"
   out = runs / "lm-1"
   out.mkdir(parents=True)
@@ -427,7 +445,7 @@ def test_a_run_folder_records_where_its_checkpoints_are(tmp_path, monkeypatch):
   (tmp_path / "store" / "ck" / "3").mkdir(parents=True)
   assert run_contents.newest_resumable() == pathlib.Path("runs/lm-1")
   run_contents.record_checkpoint_dir(out, "gs://bucket/ck")
-  assert run_contents.checkpoints_of(out) == "gs://bucket/ck"
+  assert run_contents.recorded_checkpoint_dir(out) == "gs://bucket/ck"
   (tmp_path / "to-run").symlink_to(out, target_is_directory=True)
   run_contents.record_checkpoint_dir(out, "to-run/sub/ck")
   assert (out / run_contents.CHECKPOINT_DIR_RECORD).read_text() == "sub/ck\n"
@@ -444,6 +462,12 @@ def test_a_run_folder_records_where_its_checkpoints_are(tmp_path, monkeypatch):
     (out / run_contents.CHECKPOINT_DIR_RECORD).write_text(text)
     with pytest.raises(cli.UsageError, match="checkpoint_dir.txt: not a checkpoint folder's path"):
       run_contents.checkpoints_of(out)
+  assert run_contents.newest_resumable() == pathlib.Path("runs/lm-2")  # reported, not passed over
+  (out / run_contents.CHECKPOINT_DIR_RECORD).write_text(f"{tmp_path / 'file'}/ck\n")
+  (tmp_path / "file").write_text("")
+  with pytest.raises(cli.UsageError, match=r"checkpoint_dir.txt \(the run's checkpoint folder,"
+                     r" recorded\): --checkpoint-dir .*/file/ck: .*file is a file"):
+    run_contents.checkpoints_of(out)
 
 
 def _benchmark_bests() -> dict:
