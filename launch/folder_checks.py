@@ -36,6 +36,7 @@ def _check_contents(args: argparse.Namespace, steps: list[int]) -> None:
     run_contents.refuse_a_record_that_is_no_file(args.out)
   if args.resume and not steps and is_run:
     _refuse_a_recorded_folder_gone(args)
+  if args.resume == "auto" and not steps and is_run:
     _refuse_leaving_the_runs_checkpoints(args)
   if args.resume == "required" and not steps:
     found = (f"--checkpoint-dir"
@@ -110,16 +111,15 @@ def _named(args: argparse.Namespace) -> str:
 
 
 def _refuse_leaving_the_runs_checkpoints(args: argparse.Namespace) -> None:
-  """Raises UsageError when a resume's checkpoint folder holds no step while --out's run keeps
-  steps in another (the folder it recorded, or ``checkpoints_in``): --resume auto would start
+  """Raises UsageError when --resume auto's checkpoint folder holds no step while --out's run
+  keeps steps in another (the folder it recorded, or ``checkpoints_in``): --resume auto would start
   afresh in --out and record the empty folder in place of the run's."""
   recorded = _recorded(args.out)
   homes = [*([recorded] if recorded else []), run_contents.checkpoints_in(args.out)]
   own = [home for home in homes if run_contents.finalized_steps(home)
          and not run_contents.same_folder(home, args.checkpoint_dir)]
   if own:
-    resume = "--resume auto" if args.resume == "auto" else "--resume"
-    raise UsageError(f"{resume}: --out {run_contents.describe(args.out)} holds a run, and"
+    raise UsageError(f"--resume auto: --out {run_contents.describe(args.out)} holds a run, and"
                      f" {_named(args)} holds no checkpoint to continue it:"
                      f" pass --checkpoint-dir {own[0]} to continue it, or choose another --out"
                      " to start afresh")
