@@ -972,22 +972,28 @@ def test_the_tpu_script_installs_what_its_bucket_needs():
   assert 'OUT="${OUT:-gs://' in script and "pip install -q -e '.[gcs]'" in script
 
 
+def _tpu_script_command(tmp_path, args: list[str], **env: str) -> list[str]:
+  """The words of the command tpu_pod.sh would run on every worker, given ``args`` and the
+  variables ``env`` (a fake gcloud on PATH writes it down)."""
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  fake = bin_dir / "gcloud"
+  fake.write_text('#!/usr/bin/env bash\nwhile (( $# )); do [[ $1 == --command ]] &&'
+                  f' printf %s "$2" > {tmp_path / "command"}; shift; done\n')
+  fake.chmod(0o755)
+  env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "TPU_NAME": "pod",
+         "ZONE": "z", **env}
+  subprocess.run(["bash", str(h.ROOT / "launch" / "scripts" / "tpu_pod.sh"), *args],
+                 env=env, check=True, timeout=60)
+  return shlex.split((tmp_path / "command").read_text())
+
+
 @pytest.mark.parametrize("args", [[], ["--mesh", "data=-1,model=4", "--config", "my run.toml"]],
                          ids=["no_arguments", "arguments"])
 def test_the_tpu_script_passes_its_arguments_to_every_worker(tmp_path, args):
   """With no arguments the script passed an empty one (printf '%q ' of nothing is ''): every
   worker's job exited 2 ('unrecognized arguments')."""
-  bin_dir = tmp_path / "bin"
-  bin_dir.mkdir()
-  fake = bin_dir / "gcloud"  # writes the command it would run on every worker
-  fake.write_text('#!/usr/bin/env bash\nwhile (( $# )); do [[ $1 == --command ]] &&'
-                  f' printf %s "$2" > {tmp_path / "command"}; shift; done\n')
-  fake.chmod(0o755)
-  env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "TPU_NAME": "pod",
-         "ZONE": "z"}
-  subprocess.run(["bash", str(h.ROOT / "launch" / "scripts" / "tpu_pod.sh"), *args],
-                 env=env, check=True, timeout=60)
-  command = shlex.split((tmp_path / "command").read_text())
+  command = _tpu_script_command(tmp_path, args)
   job_args = command[command.index("launch.train") + 1:]
   assert job_args[job_args.index("--resume"):] == ["--resume", "auto", *args]
 
@@ -997,17 +1003,7 @@ def test_the_tpu_script_keeps_a_run_folder_per_bucket_path(tmp_path, bucket):
   """Every run used /tmp/shardopt-run: a run for another $OUT met the first run's metrics there
   and was refused ('already holds a run'). The run folder now follows $OUT, and both paths
   reach the job as one argument each."""
-  bin_dir = tmp_path / "bin"
-  bin_dir.mkdir()
-  fake = bin_dir / "gcloud"  # writes the command it would run on every worker
-  fake.write_text('#!/usr/bin/env bash\nwhile (( $# )); do [[ $1 == --command ]] &&'
-                  f' printf %s "$2" > {tmp_path / "command"}; shift; done\n')
-  fake.chmod(0o755)
-  env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "TPU_NAME": "pod",
-         "ZONE": "z", "OUT": bucket}
-  subprocess.run(["bash", str(h.ROOT / "launch" / "scripts" / "tpu_pod.sh")],
-                 env=env, check=True, timeout=60)
-  command = shlex.split((tmp_path / "command").read_text())
+  command = _tpu_script_command(tmp_path, [], OUT=bucket)
   out = command[command.index("--out") + 1]
   assert command[command.index("--checkpoint-dir") + 1] == f"{bucket}/checkpoints"
   assert out == "/tmp/shardopt-runs/" + re.sub(r"[^A-Za-z0-9._-]", "_", bucket)
