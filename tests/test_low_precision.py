@@ -6,6 +6,7 @@ import optax
 import pytest
 
 import shardopt
+from shardopt._src import moments
 from tests import oracle
 
 
@@ -63,11 +64,39 @@ def test_hyperparameters_and_scalars_of_no_param_keep_their_dtype():
   assert float_state_dtypes(state.inner_state) == {jnp.dtype(jnp.bfloat16)}
 
 
-def test_schedule_free_keeps_its_scalars_and_stores_its_iterate_low():
-  inner = optax.contrib.schedule_free_adamw(1e-2, b1=0.9)
+def test_schedule_free_keeps_its_scalars_and_its_iterate():
+  """``z`` is the iterate the params average, not a moment: stored in
+  bfloat16 (the params rounded), the first update differed from the float
+  state's though no moment had been rounded yet. Its Adam moments are stored
+  low."""
+  inner = optax.contrib.schedule_free_adamw(1e-2, b1=0.9, warmup_steps=5)
   tx = shardopt.low_precision_state(inner)
   params = oracle.mixed_tree()
   state = tx.init(params)
   assert state.b1.dtype == state.weight_sum.dtype == jnp.float32
   assert float(state.b1) == pytest.approx(0.9, rel=1e-7)
-  assert float_state_dtypes(state.z) == {jnp.dtype(jnp.bfloat16)}
+  assert float_state_dtypes(state.z) == {jnp.dtype(jnp.float32)}
+  assert float_state_dtypes(state.base_optimizer_state) == {jnp.dtype(jnp.bfloat16)}
+  ours, _ = jax.jit(tx.update)(params, state, params)
+  exact, _ = jax.jit(inner.update)(params, inner.init(params), params)
+  oracle.assert_trees_close(ours, exact, rtol=1e-6)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: shardopt.contrib.dog(), lambda: shardopt.contrib.prodigy(1.0),
+    lambda: shardopt.lbfgs(), lambda: shardopt.contrib.shampoo(1e-2),
+], ids=["dog", "prodigy", "lbfgs", "shampoo"])
+def test_copies_of_params_memories_and_statistics_keep_their_dtype(make):
+  """What is not a declared moment stays as built: DoG's and Prodigy's
+  initial params, L-BFGS's memory, Shampoo's statistics and preconditioners;
+  Prodigy's declared moments are stored low."""
+  inner = make()
+  params = oracle.mixed_tree()
+  low = jax.eval_shape(shardopt.low_precision_state(inner).init, params)
+  full = jax.eval_shape(inner.init, params)
+  kinds = moments.leaf_kinds(full, params)
+  for x, y, kind in zip(jax.tree.leaves(low), jax.tree.leaves(full), kinds):
+    if kind.kind is None:
+      assert x.dtype == y.dtype, kind.field
+    else:
+      assert x.dtype == jnp.bfloat16, kind.field

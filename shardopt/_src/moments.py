@@ -1,11 +1,14 @@
 """Which fields of an optimizer state are moments: declared, never guessed.
 
-A *moment* is a running statistic of the gradients kept per element of a
-param: Adam's first and second moments, a momentum trace, Adagrad's sum of
-squares. Moments are what block-wise quantization (``quantized_state``) may
-store in 8 or 4 bits; everything else a transformation keeps (iterates and
-copies of the params, previous gradients, gradient accumulators, counters,
-factored statistics, line-search values) is stored as it is.
+A *moment* is a running statistic of the gradients: Adam's first and second
+moments, a momentum trace, Adagrad's sum of squares, and, not shaped like
+their param, Adafactor's row and column statistics and SM3's covers.
+Moments are what the state wrappers may store in fewer bits: block-wise
+quantization (``quantized_state``: 8 or 4 bits, moments shaped like their
+param) and ``low_precision_state`` (bfloat16, every moment). Everything
+else a transformation keeps (iterates and copies of the params, previous
+gradients, gradient accumulators, counters, preconditioner statistics,
+quasi-Newton memory, line-search values) is stored as it is.
 
 A transformation declares its moments next to its state class, with the
 sign each one can take::
@@ -88,7 +91,8 @@ OPTAX_MOMENTS: Mapping[str, Mapping[str, str]] = {
                                                   "e_x": NONNEGATIVE},
     "optax._src.transform.ScaleByAdanState": {"m": SIGNED, "v": SIGNED,
                                               "n": NONNEGATIVE},
-    "optax._src.factorized.FactoredState": {"v": NONNEGATIVE},
+    "optax._src.factorized.FactoredState": {
+        "v_row": NONNEGATIVE, "v_col": NONNEGATIVE, "v": NONNEGATIVE},
     "optax.transforms._accumulation.TraceState": {"trace": SIGNED},
     "optax.transforms._accumulation.EmaState": {"ema": SIGNED},
     "optax.contrib._ademamix.ScaleByAdemamixState": {

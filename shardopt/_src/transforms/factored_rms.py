@@ -27,7 +27,8 @@ __all__ = [
 ]
 
 
-@moments.declare_moments(v=moments.NONNEGATIVE)
+@moments.declare_moments(v_row=moments.NONNEGATIVE, v_col=moments.NONNEGATIVE,
+                         v=moments.NONNEGATIVE)
 class FactoredState(NamedTuple):
   """Step count and the per-param second-moment statistics."""
 

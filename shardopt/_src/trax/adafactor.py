@@ -24,7 +24,8 @@ __all__ = [
 ]
 
 
-@moments.declare_moments(v=moments.NONNEGATIVE, momentum=moments.SIGNED)
+@moments.declare_moments(v_row=moments.NONNEGATIVE, v_col=moments.NONNEGATIVE,
+                         v=moments.NONNEGATIVE, momentum=moments.SIGNED)
 class TraxAdafactorState(NamedTuple):
   """Step count, factored (v_row, v_col) or full (v) moments, momentum.
 

@@ -6,7 +6,8 @@ that have their param's shape as ``QuantizedArray``s: ``uint8`` codes plus
 one ``float32`` scale per block. ``update`` decodes them, runs ``tx.update``
 in float and encodes the new moments with the same blocks. Everything else
 (counters, iterates, copies of params, previous gradients, accumulators,
-factored statistics) stays as ``tx`` keeps it. Which leaves are quantized,
+moments of another shape than their param such as factored statistics)
+stays as ``tx`` keeps it. Which leaves are quantized,
 in which blocks (tiles fitted inside one device's shard) and why the rest
 stay in float: ``shardopt._src.quantization.decisions``; the report of it
 (``describe_quantized_state``): ``shardopt._src.quantization.report``.
