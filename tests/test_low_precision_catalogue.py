@@ -1,10 +1,9 @@
 """low_precision_state over the whole catalogue, through the sharded step.
 
-Every catalogue transformation (the selection of
-``test_quantized_state._transformations``, without its bits: all but
-``quantized_state``; the harness's strict ``sharded_step`` xfails kept),
-wrapped in ``low_precision_state(tx)`` (bfloat16), runs 5 sharded steps with
-ZeRO over 'data' on the catalogue params. Truths, none of them the wrapper:
+Every catalogue transformation but ``quantized_state`` (the harness's
+sharded-step cases, its strict xfails kept), wrapped in
+``low_precision_state(tx)`` (bfloat16), runs 5 sharded steps with ZeRO over
+'data' on the catalogue params. Truths, none of them the wrapper:
 
 1. dtypes: the rule of ``low_precision_state``'s module docstring (a floating
    leaf that derives from a param, below a field its state class declares a
@@ -38,9 +37,10 @@ from jax.sharding import NamedSharding
 
 import shardopt
 from shardopt._src import moments
+from tests import blocked_layout
 from tests import catalogue
+from tests import test_harness as harness
 from tests import test_quantized_state as quantized
-from tests.test_harness import EXCEPTIONS
 
 # bfloat16 keeps 8 significant bits (a relative rounding of at most 2**-9 per
 # stored value); 5 steps of rounded state stay well within 2% on average.
@@ -48,16 +48,14 @@ _TOLERANCE = 0.02
 
 
 def _cases():
+  """(entry, axis kind) per transformation but ``quantized_state``, the
+  harness's sharded-step cases (its strict xfails kept), kinds alternating."""
+  entries = [e for e in catalogue.ENTRIES if e.qualname != "quantized_state"]
   cases = []
-  selected = [e for e in catalogue.ENTRIES
-              if e.transformation and e.qualname != "quantized_state"]
-  for index, e in enumerate(selected):
-    raises, reason = EXCEPTIONS.get((e.label, "sharded_step"), (None, ""))
-    marks = ([pytest.mark.xfail(strict=True, raises=raises, reason=reason)]
-             if raises else [])
-    kind = "auto" if index % 2 == 0 else "explicit"
-    cases.append(pytest.param(e, kind, marks=marks, id=e.label.replace(
-        " (", ":").rstrip(")") + f"-{kind}"))
+  for index, case in enumerate(harness._cases("sharded_step", entries)):
+    kind = ("auto", "explicit")[index % 2]
+    cases.append(pytest.param(*case.values, kind, marks=case.marks,
+                              id=f"{case.id}-{kind}"))
   return cases
 
 
@@ -92,14 +90,6 @@ def _assert_dtypes(state, expected, when):
   wrong = [(jax.tree_util.keystr(k), g, w) for (k, _), g, w in zip(
       jax.tree_util.tree_leaves_with_path(state), got, dtypes) if g != w]
   assert not wrong, (when, wrong)
-
-
-def _most_loaded_bytes(state) -> int:
-  per_device = collections.Counter()
-  for leaf in jax.tree.leaves(state):
-    for shard in leaf.addressable_shards:
-      per_device[shard.device] += shard.data.nbytes
-  return max(per_device.values(), default=0)
 
 
 def _most_loaded_planned_bytes(opt, host) -> int:
@@ -141,7 +131,7 @@ def test_every_optimizer_runs_with_bfloat16_state(entry, kind):
   for leaf, sharding in zip(jax.tree.leaves(state),
                             jax.tree.leaves(opt.state_shardings)):
     assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim)
-  low_bytes = _most_loaded_bytes(state)
+  low_bytes = max(blocked_layout.bytes_per_device(state).values(), default=0)
   float_bytes = _most_loaded_planned_bytes(float_opt, host)
   assert low_bytes <= float_bytes
   if jnp.dtype(jnp.bfloat16) in expected[1]:
