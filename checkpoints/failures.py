@@ -31,8 +31,8 @@ import numpy as np
 
 from checkpoints.errors import CorruptCheckpointError
 
-__all__ = ["agree_across_processes", "is_corruption", "is_missing", "leaf_of", "permission_denied", "raise_for",
-           "summary", "write_failure"]
+__all__ = ["agree_across_processes", "is_corruption", "is_missing", "leaf_of", "newest_phrase",
+           "permission_denied", "raise_for", "summary", "write_failure"]
 
 _FALL_BACK = "restore_latest_valid() falls back to the newest intact step."
 
@@ -93,6 +93,19 @@ def write_failure(exc: BaseException) -> tuple[str | None, str] | None:
       reason = os.strerror(int(code.group(1))) if code else status.replace("_", " ").lower()
       return (paths[-1] if paths else None), reason
   return None
+
+
+def newest_phrase(newest: int | None, listed: bool, directory) -> str:
+  """A failed write's account of the newest finalized step in ``directory``: as the storage
+  lists it (``listed``), or as seen before the failure where the storage does not list it now
+  (a filesystem gone mid-run)."""
+  if listed:
+    return (f"the newest complete checkpoint is step {newest} in {directory}" if newest is not None
+            else f"there is no complete checkpoint in {directory}")
+  if newest is None:
+    return f"{directory} cannot be listed now, and no complete checkpoint was seen there before"
+  return (f"the newest complete checkpoint seen in {directory} before the failure is step"
+          f" {newest}; the folder does not list it now")
 
 
 def summary(exc: BaseException, limit: int = 400) -> str:

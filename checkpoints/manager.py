@@ -69,6 +69,7 @@ class CheckpointManager:
     )
     self._writing = None  # the step of the save in flight, until it is known to be finalized
     self._failed = False  # a CheckpointWriteError was raised: close() only releases
+    self._seen = None  # the newest step newest_finalized() saw finalized (storage may lose it)
 
   # Listing and lifecycle -------------------------------------------------
 
@@ -128,17 +129,42 @@ class CheckpointManager:
       raise e
     path, reason = found
     self._failed = True
-    try:
-      self._mngr.reload()
-      newest = max((s for s in self._mngr.all_steps() if s != self._writing), default=None)
-    except Exception:  # noqa: BLE001  (the storage may be gone altogether)
-      newest = None
-    intact = (f"the newest complete checkpoint is step {newest}" if newest is not None
-              else "there is no complete checkpoint")
+    newest, listed = self.newest_finalized()
     raise CheckpointWriteError(
         f"Checkpoint step {self._writing} could not be written to {path or self.directory}: {reason};"
-        f" {intact} in {self.directory}.", step=self._writing, path=path, reason=reason,
-        newest=newest) from e
+        f" {failures.newest_phrase(newest, listed, self.directory)}.", step=self._writing,
+        path=path, reason=reason, newest=newest) from e
+
+  def newest_finalized(self) -> tuple[int | None, bool]:
+    """(the newest finalized step, whether the storage lists it now), for a failure's account:
+    the newest step listed on storage, or the newest this manager saw finalized before where
+    the storage lists none as new (a filesystem gone mid-run: the folder is missing, or empty
+    where a save in flight created it again). The step of the last save counts only once it is
+    known finalized: not in flight, no error raised."""
+    doubtful = None if self._last_save_finalized() else self._writing
+    newest = lambda: max((s for s in self._mngr.all_steps() if s != doubtful), default=None)
+    self._seen = max((s for s in (self._seen, newest()) if s is not None), default=None)
+    try:
+      if not self.directory.is_dir():
+        return self._seen, False
+      self._reload()
+      listed = newest()
+    except Exception:  # noqa: BLE001  (the storage may be gone altogether)
+      return self._seen, False
+    if self._seen is not None and (listed is None or listed < self._seen):
+      return self._seen, False
+    return listed, True
+
+  def _last_save_finalized(self) -> bool:
+    if self._writing is None:
+      return True
+    if self._failed or self._mngr.is_saving_in_progress():
+      return False
+    try:
+      self._mngr.check_for_errors()
+    except Exception:  # noqa: BLE001  (any error of the background save: not finalized)
+      return False
+    return True
 
   def __enter__(self):
     return self

@@ -35,7 +35,6 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
-import checkpoints
 from launch import cli
 from launch import job_log
 from launch import report
@@ -50,6 +49,7 @@ from launch.run_claim import Claim
 from launch.run_claim import missing_folders
 from launch.stop import StopRequest
 from launch.train_loop import restore_and_train
+from launch.train_loop import storage_error
 from launch.validation import NonFiniteGuard
 from launch.validation import blame_values
 from launch.validation import checked_flags
@@ -69,29 +69,6 @@ def _agreed(failure: Exception | None) -> None:
   if np.any(failed):
     bad = [int(i) for i in np.flatnonzero(failed)]
     raise cli.UsageError(f"process(es) {bad} could not settle the run folder (see their error)")
-
-
-def _storage_error(e: OSError, args) -> cli.StorageError:
-  """One line for a write the storage refused: the path, the step being saved (checkpoints),
-  the newest complete checkpoint, and what to run once the cause is fixed: --resume continues
-  from that checkpoint; with none, --resume auto starts afresh in the folder (--resume would
-  find nothing to resume), its earlier log files set aside."""
-  if isinstance(e, checkpoints.CheckpointWriteError):
-    text, newest = str(e), e.newest
-  else:
-    try:
-      steps_there = run_contents.finalized_steps(args.checkpoint_dir)
-    except OSError:
-      steps_there = []
-    newest = steps_there[-1] if steps_there else None
-    intact = (f"the newest complete checkpoint is step {newest}" if newest is not None
-              else "there is no complete checkpoint")
-    text = f"{e.strerror or e}: {e.filename or args.out}; {intact} in {args.checkpoint_dir}."
-  remedy = ("run again with --resume to continue from it" if newest is not None else
-            "run again with --resume auto to start afresh in it (there is nothing to resume;"
-            " the metrics and samples written are kept as *.before-N.jsonl)")
-  return cli.StorageError(f"{text} Free space (or restore the permissions, the mount), then"
-                          f" {remedy}")
 
 
 def _stopped_before_training(args, signum: int, start: int, resumed: bool, claim: Claim) -> str:
@@ -170,8 +147,8 @@ def _run(args: argparse.Namespace, stop: StopRequest, held: contextlib.ExitStack
     metrics_path = out / "metrics.jsonl"
     if jax.process_index() == 0 and metrics_path.exists():
       report.plot_losses(metrics_path, out / "loss.png", run_config.title(out.name, config))
-  except OSError as e:  # a write the storage refused (CheckpointWriteError is one)
-    raise _storage_error(e, args) from e
+  except OSError as e:  # a write the storage refused (the loss curve's)
+    raise storage_error(e, args, run_contents.newest_finalized(args.checkpoint_dir)) from e
   if stopped is not None:
     say(f"stopped by signal {stopped} after step {step}; checkpoint saved:"
         " run again with --resume to continue")

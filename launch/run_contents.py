@@ -21,7 +21,7 @@ from launch.errors import UsageError
 
 __all__ = ["CHECKPOINT_DIR_RECORD", "LOGS", "RUNS", "checkpoints_in", "checkpoints_of",
            "contents", "describe", "finalized_steps", "inside", "last_metrics_step",
-           "metrics_records", "newest_resumable", "record_checkpoint_dir",
+           "metrics_records", "newest_finalized", "newest_resumable", "record_checkpoint_dir",
            "recorded_checkpoint_dir", "refuse_a_record_that_is_no_file", "same_folder",
            "saved_config", "unfinished_saves"]
 
@@ -128,6 +128,18 @@ def finalized_steps(checkpoint_dir) -> list[int]:
   if not path.is_dir():
     return []
   return sorted(int(p.name) for p in path.iterdir() if p.name.isdigit() and p.is_dir())
+
+
+def newest_finalized(checkpoint_dir) -> tuple[int | None, bool]:
+  """(the newest finalized step in ``checkpoint_dir``, whether the folder could be listed):
+  (None, False) where it is gone or unreadable (a filesystem gone mid-run)."""
+  try:
+    if epath.Path(checkpoint_dir).is_dir():
+      steps_there = finalized_steps(checkpoint_dir)
+      return (steps_there[-1] if steps_there else None), True
+  except OSError:
+    pass
+  return None, False
 
 
 def saved_config(checkpoint_dir) -> tuple[dict, int] | None:

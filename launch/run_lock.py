@@ -33,6 +33,7 @@ import json
 import os
 import pathlib
 import socket
+import stat
 import threading
 import time
 import uuid
@@ -113,8 +114,8 @@ def _read(path: pathlib.Path) -> tuple[str, int, float]:
   """(the text, the inode, the age in s) of the file ``path``, read through one descriptor (the
   three of one file). Raises FileNotFoundError, NotADirectoryError, or OSError when unreadable."""
   with open(path, "rb") as f:
-    stat = os.fstat(f.fileno())
-    return f.read().decode(errors="replace"), stat.st_ino, time.time() - stat.st_mtime
+    info = os.fstat(f.fileno())
+    return f.read().decode(errors="replace"), info.st_ino, time.time() - info.st_mtime
 
 
 def _identity(path: pathlib.Path) -> tuple[int, str | None]:
@@ -164,6 +165,19 @@ def _remedy(flag: str, fix: str | None) -> str:
   return fix or f"choose another {flag}"
 
 
+def _refuse_a_lock_that_is_no_file(path: pathlib.Path, flag: str, folder) -> None:
+  """Raises UsageError when ``path`` is there and no regular file (a folder, a link): no run
+  made it (a run's lock is a file it links), so it is neither taken over nor moved."""
+  try:
+    mode = os.lstat(path).st_mode
+  except FileNotFoundError:
+    return
+  if not stat.S_ISREG(mode):
+    kind = "a folder" if stat.S_ISDIR(mode) else "a link" if stat.S_ISLNK(mode) else "no file"
+    raise UsageError(f"{flag} {folder}: its lock {path} is {kind}, not a lock file a run wrote;"
+                     f" nothing was changed: remove it, or {_remedy(flag, None)}")
+
+
 class RunLock:
   """The lock of one run folder, held from ``acquire`` until ``release``."""
 
@@ -187,6 +201,7 @@ class RunLock:
           warn(f"warning: {flag} {folder}: took over the lock of a run that is gone"
                f" ({taken_over[0].describe()}: {taken_over[1]})")
         return cls(path, mine)
+      _refuse_a_lock_that_is_no_file(path, flag, folder)
       found = _found(folder)
       if found is None:
         continue  # released meanwhile

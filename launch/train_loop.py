@@ -12,6 +12,7 @@ import pathlib
 import jax
 
 import checkpoints
+from checkpoints.failures import newest_phrase
 from launch import cli
 from launch import data
 from launch import memory
@@ -27,7 +28,7 @@ from launch.profile import ProfileWindow
 from launch.training_setup import counted_step
 from launch.training_setup import init_params
 
-__all__ = ["open_manager", "restore_and_train"]
+__all__ = ["open_manager", "restore_and_train", "storage_error"]
 
 # Steps dispatched ahead of the host at most, whatever --log-every: XLA:CPU aborts a
 # collective whose participants wait more than 40 s, which a long queue of steps reached
@@ -170,6 +171,27 @@ def restore_and_train(args, mesh, model, opt, step_fn, abstract, abstract_state,
     step, stopped = _train(args, mesh, step_fn, evaluation, (params, opt_state, start),
                            manager, guard, config, stop, train_bytes,
                            counted_step(args, opt, model), claim)
+  except OSError as e:  # a write the storage refused (CheckpointWriteError is one)
+    raise storage_error(e, args, manager.newest_finalized()) from e
   finally:
     manager.close()
   return step, start, stopped
+
+
+def storage_error(e: OSError, args, newest: tuple[int | None, bool]) -> cli.StorageError:
+  """One line for a write the storage refused: the path, the step being saved (checkpoints),
+  the newest complete checkpoint and what to run once the cause is fixed: --resume continues
+  from that checkpoint; with none, --resume auto starts afresh in the folder (--resume would
+  find nothing to resume), its earlier log files set aside. ``newest``: (that step, whether
+  --checkpoint-dir was listed for it; else the step seen before a filesystem went away)."""
+  if isinstance(e, checkpoints.CheckpointWriteError):
+    text, step = str(e), e.newest
+  else:
+    step, listed = newest
+    text = (f"{e.strerror or e}: {e.filename or args.out};"
+            f" {newest_phrase(step, listed, args.checkpoint_dir)}.")
+  remedy = ("run again with --resume to continue from it" if step is not None else
+            "run again with --resume auto to start afresh in it (there is nothing to resume;"
+            " the metrics and samples written are kept as *.before-N.jsonl)")
+  return cli.StorageError(f"{text} Free space (or restore the permissions, the mount), then"
+                          f" {remedy}")

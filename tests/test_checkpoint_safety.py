@@ -19,6 +19,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import checkpoints as ck
+from checkpoints.failures import newest_phrase
 from tests import checkpoint_worker
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -244,6 +245,35 @@ def test_a_restore_while_a_save_is_written_keeps_the_steps_right(tmp_path):
       assert not mngr.save(2, big(22.0))
     restored = mngr.restore(target)
   assert restored.step == 2 and float(restored.state["w"][0, 0]) == 2.0
+
+
+def test_a_failure_names_the_newest_step_seen_where_the_storage_lists_it_no_more(tmp_path):
+  """A filesystem gone mid-run leaves the checkpoint folder missing, or empty where a save in
+  flight created it again: a failed write's account then said there was no complete checkpoint.
+  ``newest_finalized`` names the newest step seen finalized before, marked as not listed now,
+  and again as listed once the storage is back."""
+  folder, away = tmp_path / "ckpt", tmp_path / "away"
+  with ck.CheckpointManager(folder) as mngr:
+    assert mngr.newest_finalized() == (None, True)
+    for step in (1, 2):
+      mngr.save(step, _small(step))
+    mngr.wait_until_finished()
+    assert mngr.newest_finalized() == (2, True)
+    folder.rename(away)
+    assert mngr.newest_finalized() == (2, False)  # missing
+    folder.mkdir()
+    assert mngr.newest_finalized() == (2, False)  # made again, empty
+    (away / "1").rename(folder / "1")
+    assert mngr.newest_finalized() == (2, False)  # an older step only
+    (folder / "1").rename(away / "1")
+    folder.rmdir()
+    away.rename(folder)
+    assert mngr.newest_finalized() == (2, True)
+  assert newest_phrase(2, False, folder) == (
+      f"the newest complete checkpoint seen in {folder} before the failure is step 2; the"
+      " folder does not list it now")
+  assert newest_phrase(None, False, folder) == (
+      f"{folder} cannot be listed now, and no complete checkpoint was seen there before")
 
 
 def test_saving_a_saved_step_with_force_is_refused_naming_it(tmp_path):

@@ -1389,6 +1389,18 @@ def test_a_disk_filled_mid_run_stops_with_one_line_and_resume_continues(tmp_path
     assert logged and all(again[r["step"]] == r["loss"] for r in logged)
 
 
+def test_a_lock_that_is_a_folder_is_refused_and_left_as_it_is(tmp_path):
+  """A run.lock that no run wrote (a folder): exit 2, one line naming it, the folder as it was
+  (it was exit 1, a raw IsADirectoryError, with the folder renamed to .run.lock.stale.<uuid>)."""
+  out = tmp_path / "run"
+  (out / run_lock.LOCK_NAME).mkdir(parents=True)
+  (out / run_lock.LOCK_NAME / "kept").write_text("the user's")
+  before = hashes(out)
+  usage_error(job(tmp_path, *h.TINY, "--steps", "2", "--out", str(out)),
+              f"--out {out}: its lock {out / run_lock.LOCK_NAME} is a folder, not a lock file")
+  assert hashes(out) == before and sorted(p.name for p in out.iterdir()) == [run_lock.LOCK_NAME]
+
+
 def test_a_full_disk_when_the_lock_is_created_stops_with_exit_4_leaving_nothing(tmp_path):
   """The disk is full when the run folder's lock file is written: exit 4 (a file of the run
   could not be written), one line naming the lock file; the folders made for it are removed
