@@ -255,9 +255,15 @@ class RunLock:
       moved.unlink()
 
   def _heartbeat(self) -> None:
+    """Touches the lock every ``HEARTBEAT_S``; a lock file deleted while the run lives is
+    written again (unless another run took the folder meanwhile), so the lock is held for the
+    whole run."""
     while not self._stop.wait(HEARTBEAT_S):
       try:
         os.utime(self.path)
+      except FileNotFoundError:
+        with contextlib.suppress(StorageError):  # a lost folder: the job's own writes say so
+          self._create(self.path, self.holder, "--out", self.path.parent)
       except OSError:
         pass  # a lost folder is reported by the job's own writes
 

@@ -154,3 +154,27 @@ def test_a_lock_whose_holder_has_exited_unreaped_is_taken_over(tmp_path):
   assert said[0].startswith(f"warning: --out {tmp_path}: took over the lock of a run that is"
                             f" gone (host {socket.gethostname()}, pid {holder.pid}, since ")
   assert said[0].endswith(f": process {holder.pid} has exited (not yet reaped))")
+
+
+def test_a_lock_deleted_while_the_run_lives_is_written_again(tmp_path, monkeypatch):
+  """A run's lock file deleted while it runs (a clean-up script, a user): a second run entered
+  the folder and both wrote it. The heartbeat writes the lock again, and the second run is
+  refused; a lock another run took meanwhile is left to it."""
+  monkeypatch.setattr(run_lock, "HEARTBEAT_S", 0.05)
+  lock = run_lock.RunLock.acquire(tmp_path, warn=pytest.fail)
+  try:
+    lock.path.unlink()
+    deadline = time.monotonic() + 30
+    while not lock.path.exists() and time.monotonic() < deadline:
+      time.sleep(0.01)
+    assert json.loads(lock.path.read_text())["pid"] == os.getpid()
+    with pytest.raises(cli.UsageError, match=f"--out {tmp_path} is in use by another run"):
+      run_lock.RunLock.acquire(tmp_path, warn=pytest.fail)
+    lock.path.unlink()
+    lock.path.write_text(json.dumps({"host": "elsewhere", "pid": 1, "started": None,
+                                     "since": time.time()}))
+    time.sleep(0.3)  # several heartbeats
+    assert json.loads(lock.path.read_text())["host"] == "elsewhere"
+  finally:
+    lock.release()
+  assert lock.path.exists()  # another run's: not released by this one
