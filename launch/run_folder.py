@@ -126,11 +126,13 @@ def _claim_given(args: argparse.Namespace, is_main: bool) -> list[str]:
 def _settle(args: argparse.Namespace, is_main: bool, claim: Claim) -> tuple[bool, str | None]:
   """(resume?, note) of the folders given, checked again now that no other run can change
   them; a fresh start sets the earlier log files aside (``set_aside_logs``); creates the run
-  folder."""
+  folder and a --checkpoint-dir in it (a signal before step 1 removes both where new)."""
   steps = run_contents.finalized_steps(args.checkpoint_dir)
   folder_checks.check_fits(args, steps, [lock.path for lock in claim.locks], locks=is_main)
   note = None if steps else _fresh_note(args, is_main)
   claim.created += _make("--out", args.out)
+  if "://" not in args.checkpoint_dir and run_contents.inside(args.checkpoint_dir, args.out):
+    claim.created += _make("--checkpoint-dir", args.checkpoint_dir)
   return bool(steps), note
 
 

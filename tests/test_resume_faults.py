@@ -122,6 +122,22 @@ def test_a_resume_stopped_before_its_first_step_leaves_the_folder_as_it_was(run,
   assert hashes(run) == before
 
 
+def test_a_signal_before_step_1_in_a_folder_given_leaves_it_as_it_was(tmp_path):
+  """SIGTERM before step 1 of a new run in an existing --out (was: an empty checkpoints/ left
+  in it, which this invocation had made): exit 0, the folder as it was, the line saying so."""
+  out, log = tmp_path / "R", tmp_path / "log"
+  out.mkdir()
+  (out / "notes.txt").write_text("the user's")
+  code = _signal_once_printed([*RUN, "--steps", "50", "--out", str(out)], log,
+                              "per-device memory plan", again=False)
+  assert code == 0, pathlib.Path(f"{log}.stderr").read_text()[-2000:]
+  said = log.read_text().strip().splitlines()[-1]
+  assert said == (f"stopped by signal 15 before step 1: nothing trained; {out} holds no run (no"
+                  f" checkpoint, no metrics): a later run may use it; removed the folders created"
+                  f" for it: {out / 'checkpoints'}"), said
+  assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
 def test_a_second_signal_before_step_1_removes_what_the_run_created(tmp_path):
   """Two SIGTERMs before step 1 of a new run in new folders (was: exit 143, empty
   np/sub/RUN and ck left, nothing said): exit 143, one line saying what was removed."""
