@@ -2,6 +2,8 @@
 state of a param already split over it (FSDP) follows it and counts as
 sharded."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -62,6 +64,41 @@ def test_state_shardings_warns_about_what_zero_left_out():
   message = str(record[0].message)
   assert all(f"['{k}']" in message for k in SKIPPED)
   assert "['embedding']" not in message
+
+
+@pytest.mark.parametrize("build", ["state_shardings", "make_sharded_optimizer"])
+def test_zero_that_splits_no_leaf_under_min_shard_bytes_says_so(build):
+  """Every param under the default min_shard_bytes (4 KiB): ZeRO split nothing, with no
+  warning, and the plan's summary said '0 mirrors not'. Now one warning says why and what to
+  pass, the summary counts the leaves left small, and min_shard_bytes=0 halves each moment's
+  bytes on every device."""
+  tx = transforms()["adam"]
+  params = {k: v for k, v in abstract().items() if k != "embedding"}  # 8 KiB: split
+  sharding = {k: v for k, v in shardings().items() if k != "embedding"}
+  with pytest.warns(shardopt.ReplicatedStateWarning) as record:
+    getattr(shardopt, build)(tx, params, sharding, shard_state_over="data")
+  said = [str(r.message) for r in record if "split no state leaf" in str(r.message)]
+  assert said == ["shard_state_over='data' split no state leaf itself: the 8 leaves it could"
+                  " split are smaller than min_shard_bytes=4096 bytes and were left as they are"
+                  " (pass a smaller min_shard_bytes, e.g. 0, to split them too)"], \
+      [str(r.message) for r in record]
+  plan = shardopt.plan_state_shardings(tx, params, sharding, shard_state_over="data")
+  assert "2 sharded, 0 mirrors not, 0 other leaves >= 4096 bytes not, 8 smaller left" in str(plan)
+  with warnings.catch_warnings():  # one leaf split: no such warning
+    warnings.filterwarnings("error", "shard_state_over='data' split no state leaf")
+    shardopt.state_shardings(tx, abstract(), shardings(), shard_state_over="data")
+  real = jax.tree.map(lambda a, s: jax.device_put(jnp.ones(a.shape, a.dtype), s), params,
+                      sharding)
+  def moment_bytes(**zero):
+    with pytest.warns(shardopt.ReplicatedStateWarning):  # the leaves ZeRO cannot split
+      opt = shardopt.make_sharded_optimizer(tx, params, sharding, shard_state_over="data",
+                                            **zero)
+    state = opt.init(real)
+    return {k: max(resident_bytes_per_device(state[0].mu[k]).values()) for k in params}
+  small, split = moment_bytes(), moment_bytes(min_shard_bytes=0)
+  halved = {"kernel", "wide"}  # fsdp's is split by its param already; bias, odd cannot be
+  assert all(split[k] * 2 == small[k] for k in halved), (small, split)
+  assert all(split[k] == small[k] for k in set(params) - halved), (small, split)
 
 
 @pytest.mark.parametrize("build", ["plan_state_shardings", "state_shardings",

@@ -264,7 +264,7 @@ def _plan_leaf(path, leaf, param, zero, param_path, mesh, axis,
   spec = _full_spec(leaf.sharding.spec if leaf.sharding is not None else P(),
                     len(leaf.shape))
   mirrors = param is not None and tuple(leaf.shape) == tuple(param.shape)
-  outcome, split = "", False
+  outcome, split, dim = "", False, None
   if axis is not None:
     outcome, dim = leaf_zero(
         leaf.shape, leaf.dtype, spec, None if param is None else param.shape,
@@ -275,4 +275,6 @@ def _plan_leaf(path, leaf, param, zero, param_path, mesh, axis,
       spec = P(*entries)
     split = mesh.shape[axis] > 1 and axis in spec_axes(tuple(spec))
   return LeafPlan(path, tuple(leaf.shape), leaf.dtype, spec, param_path,
-                  mirrors, outcome, _device_bytes(leaf, spec, mesh), split)
+                  mirrors, outcome, _device_bytes(leaf, spec, mesh), split,
+                  split and (dim is not None
+                             or zero is not None and not zero.own_layout))

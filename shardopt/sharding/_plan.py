@@ -37,6 +37,7 @@ class LeafPlan(NamedTuple):
   zero: str  # ZeRO outcome: "dim k", a reason it was not sharded, or ""
   device_bytes: int  # bytes of this leaf resident on each device
   zero_split: bool = False  # split over the ZeRO axis (of more than one device)
+  zero_added: bool = False  # ... by ZeRO (not by its param's own layout)
 
 
 class StatePlan(NamedTuple):
@@ -75,6 +76,14 @@ class StatePlan(NamedTuple):
         and _nbytes(l) >= self.min_shard_bytes)
 
   @property
+  def zero_too_small(self) -> tuple[LeafPlan, ...]:
+    """Leaves under ``min_shard_bytes`` (scalars aside) that ZeRO left as
+    they were: too small to be worth splitting."""
+    return tuple(
+        l for l in self.leaves if self.axis and l.shape and not l.zero_split
+        and _nbytes(l) < self.min_shard_bytes)
+
+  @property
   def bytes_per_device(self) -> int:
     """Bytes of the whole state resident on each device."""
     return sum(l.device_bytes for l in self.leaves)
@@ -82,8 +91,19 @@ class StatePlan(NamedTuple):
   def warn_zero_skipped(self, stacklevel: int = 1) -> None:
     """Warns, listing the mirrors ZeRO could not shard and why, one line
     per leaf, if any (not where the ZeRO axis has size 1:
-    ``plan_state_shardings`` warned about that once)."""
-    if self.zero_skipped and not self.zero_splits_nothing:
+    ``plan_state_shardings`` warned about that once); and where ZeRO split
+    no leaf at all, leaves under ``min_shard_bytes`` left as they were."""
+    if self.zero_splits_nothing:
+      return
+    if self.zero_too_small and not any(l.zero_added for l in self.leaves):
+      warnings.warn(
+          f"shard_state_over={self.axis!r} split no state leaf itself: the"
+          f" {len(self.zero_too_small)} leaves it could split are smaller than"
+          f" min_shard_bytes={self.min_shard_bytes} bytes and were left as"
+          " they are (pass a smaller min_shard_bytes, e.g. 0, to split them"
+          " too)", ReplicatedStateWarning,
+          stacklevel=stacklevel + 1)
+    if self.zero_skipped:
       warnings.warn(
           f"shard_state_over={self.axis!r} left these state leaves as they were "
           "(not sharded over it by ZeRO):\n" + "\n".join(
@@ -101,7 +121,8 @@ class StatePlan(NamedTuple):
       mirrors = sum(l.mirrors for l in self.zero_skipped)
       head += (f"; ZeRO over {self.axis!r}: {len(self.zero_sharded)} sharded,"
                f" {mirrors} mirrors not, {len(self.zero_skipped) - mirrors}"
-               f" other leaves >= {self.min_shard_bytes} bytes not")
+               f" other leaves >= {self.min_shard_bytes} bytes not,"
+               f" {len(self.zero_too_small)} smaller left as they are")
     width = max([len(l.path) for l in self.leaves] + [4])
     lines = [head]
     for l in self.leaves:
