@@ -78,9 +78,9 @@ def test_zero_that_splits_no_leaf_under_min_shard_bytes_says_so(build):
   with pytest.warns(shardopt.ReplicatedStateWarning) as record:
     getattr(shardopt, build)(tx, params, sharding, shard_state_over="data")
   said = [str(r.message) for r in record if "split no state leaf" in str(r.message)]
-  assert said == ["shard_state_over='data' split no state leaf itself: the 8 leaves it could"
-                  " split are smaller than min_shard_bytes=4096 bytes and were left as they are"
-                  " (pass a smaller min_shard_bytes, e.g. 0, to split them too)"], \
+  assert said == ["shard_state_over='data' split no state leaf itself: 8 leaves under"
+                  " min_shard_bytes=4096 bytes were left as they are (pass a smaller"
+                  " min_shard_bytes, e.g. 0, to split those that can be)"], \
       [str(r.message) for r in record]
   plan = shardopt.plan_state_shardings(tx, params, sharding, shard_state_over="data")
   assert "2 sharded, 0 mirrors not, 0 other leaves >= 4096 bytes not, 8 smaller left" in str(plan)

@@ -97,11 +97,11 @@ class StatePlan(NamedTuple):
       return
     if self.zero_too_small and not any(l.zero_added for l in self.leaves):
       warnings.warn(
-          f"shard_state_over={self.axis!r} split no state leaf itself: the"
-          f" {len(self.zero_too_small)} leaves it could split are smaller than"
-          f" min_shard_bytes={self.min_shard_bytes} bytes and were left as"
-          " they are (pass a smaller min_shard_bytes, e.g. 0, to split them"
-          " too)", ReplicatedStateWarning,
+          f"shard_state_over={self.axis!r} split no state leaf itself:"
+          f" {len(self.zero_too_small)} leaves under min_shard_bytes="
+          f"{self.min_shard_bytes} bytes were left as they are (pass a smaller"
+          " min_shard_bytes, e.g. 0, to split those that can be)",
+          ReplicatedStateWarning,
           stacklevel=stacklevel + 1)
     if self.zero_skipped:
       warnings.warn(
