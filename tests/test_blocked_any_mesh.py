@@ -208,7 +208,8 @@ def _collectives(tx, axis_type, spec, zero):
   the_mesh = _mesh(8, axis_type)
   params = {"w": jax.ShapeDtypeStruct((16, 32), jnp.float32)}
   shardings = {"w": NamedSharding(the_mesh, spec)}
-  opt = shardopt.make_sharded_optimizer(tx, params, shardings, shard_state_over=zero)
+  opt = shardopt.make_sharded_optimizer(tx, params, shardings, shard_state_over=zero,
+                                        min_shard_bytes=0)  # the 2 KiB matrix split too
   state = jax.tree.map(lambda l, s: jax.ShapeDtypeStruct(l.shape, l.dtype, sharding=s),
                        jax.eval_shape(tx.init, params), opt.state_shardings)
   params = {"w": jax.ShapeDtypeStruct((16, 32), jnp.float32, sharding=shardings["w"])}
